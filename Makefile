@@ -1,0 +1,141 @@
+# rdmasock: one non-recursive Makefile. Every src/**/*.c goes into the library; tests, fuzzers and tools are found
+# by name (tests/unit/test_*.c, tests/fuzz/fuzz_*.c, tools/cli/*.c), so adding a file needs no edit here.
+
+VERSION     := 0.1.0
+SOVERSION   := 0
+PREFIX      ?= /usr/local
+LIBDIR      ?= $(PREFIX)/lib
+INCLUDEDIR  ?= $(PREFIX)/include
+BINDIR      ?= $(PREFIX)/bin
+MANDIR      ?= $(PREFIX)/share/man
+DOCDIR      ?= $(PREFIX)/share/doc/rdmasock
+DESTDIR     ?=
+
+CC          ?= gcc
+FUZZ_CC     ?= clang
+BUILD       ?= build
+WERROR      ?=
+# FUZZ_SECONDS: how long each fuzzer runs in `make fuzz` (make check passes 60).
+FUZZ_SECONDS ?= 600
+
+WARNINGS    := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Wformat=2 -Wno-format-nonliteral \
+               $(if $(WERROR),-Werror)
+CPPFLAGS    += -Isrc -Iinclude -D_GNU_SOURCE -DRS_VERSION=\"$(VERSION)\"
+CFLAGS      ?= -O2 -g
+CFLAGS      += -std=gnu11 -fPIC -fvisibility=hidden -pthread $(WARNINGS)
+# Link only what is used: the library must load in programs that never touch RDMA.
+LIB_LDLIBS  := -Wl,--as-needed -lrdmacm -libverbs -lev -ldl -lpthread -lrt
+TEST_LDLIBS := -lcmocka $(LIB_LDLIBS)
+
+SRCS        := $(sort $(shell find src -name '*.c'))
+OBJS        := $(SRCS:%.c=$(BUILD)/obj/%.o)
+HEADERS     := $(sort $(shell find src include -name '*.h'))
+LIB_SO      := $(BUILD)/librdmasock.so
+LIB_A       := $(BUILD)/librdmasock.a
+CLI_SRCS    := $(sort $(wildcard tools/cli/*.c))
+CLI         := $(BUILD)/bin/rdmasock
+UNIT_SRCS   := $(sort $(wildcard tests/unit/test_*.c))
+UNIT_BINS   := $(UNIT_SRCS:tests/unit/%.c=$(BUILD)/tests/unit/%)
+HELPER_SRCS := $(sort $(wildcard tests/helpers/*.c))
+HELPER_BINS := $(HELPER_SRCS:tests/helpers/%.c=$(BUILD)/tests/helpers/%)
+BENCH_SRCS  := $(sort $(wildcard bench/*.c))
+BENCH_BINS  := $(BENCH_SRCS:bench/%.c=$(BUILD)/bench/%)
+FUZZ_SRCS   := $(sort $(wildcard tests/fuzz/fuzz_*.c))
+FUZZ_BINS   := $(FUZZ_SRCS:tests/fuzz/%.c=$(BUILD)/fuzz/%)
+FUZZ_OBJS   := $(SRCS:%.c=$(BUILD)/fuzz-obj/%.o)
+FUZZ_FLAGS  := -g -O1 -fno-omit-frame-pointer -fsanitize=fuzzer-no-link,address,undefined \
+               -fno-sanitize-recover=undefined -std=gnu11 -pthread
+
+.PHONY: all lib tests helpers fuzz-build check demo bench fuzz install uninstall clean deps-build deps-check deps-demo
+
+all: lib $(CLI)
+lib: $(LIB_SO) $(LIB_A)
+
+$(BUILD)/obj/%.o: %.c $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) $(CFLAGS) -c $< -o $@
+
+$(LIB_SO): $(OBJS)
+	$(CC) -shared -pthread -Wl,-soname,librdmasock.so.$(SOVERSION) -Wl,--no-undefined -o $@ $^ $(LIB_LDLIBS)
+
+$(LIB_A): $(OBJS)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(CLI): $(CLI_SRCS) $(LIB_A) $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) -DRS_LIBDIR=\"$(LIBDIR)\" $(CFLAGS) -o $@ $(CLI_SRCS) $(LIB_A) $(LIB_LDLIBS)
+
+$(BUILD)/tests/unit/%: tests/unit/%.c $(LIB_A) $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) $(CFLAGS) -o $@ $< $(LIB_A) $(TEST_LDLIBS)
+
+$(BUILD)/tests/helpers/%: tests/helpers/%.c $(LIB_A) $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) $(CFLAGS) -o $@ $< $(LIB_A) $(LIB_LDLIBS)
+
+$(BUILD)/bench/%: bench/%.c $(LIB_A) $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) $(CFLAGS) -o $@ $< $(LIB_A) $(LIB_LDLIBS)
+
+$(BUILD)/fuzz-obj/%.o: %.c $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(CPPFLAGS) $(FUZZ_FLAGS) -c $< -o $@
+
+$(BUILD)/fuzz/%: tests/fuzz/%.c $(FUZZ_OBJS)
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(CPPFLAGS) $(subst fuzzer-no-link,fuzzer,$(FUZZ_FLAGS)) -o $@ $< $(FUZZ_OBJS) $(LIB_LDLIBS)
+
+tests: all $(UNIT_BINS) $(HELPER_BINS)
+fuzz-build: $(FUZZ_BINS)
+
+# Dependencies: each entry point installs what it needs (apt-get as root; otherwise it prints the exact line).
+deps-build:
+	@tools/deps.sh build
+deps-check:
+	@tools/deps.sh build check vm
+deps-demo:
+	@tools/deps.sh build vm
+
+check: deps-check
+	@$(MAKE) --no-print-directory tests fuzz-build
+	@RS_BUILD=$(abspath $(BUILD)) FUZZ_SECONDS=$${FUZZ_SECONDS_CHECK:-60} tests/run
+
+demo: deps-demo
+	@$(MAKE) --no-print-directory all
+	@tools/vm/demo
+
+bench: deps-build
+	@$(MAKE) --no-print-directory all $(BENCH_BINS)
+	@RS_BUILD=$(abspath $(BUILD)) bench/run
+
+fuzz: deps-check
+	@$(MAKE) --no-print-directory fuzz-build
+	@RS_BUILD=$(abspath $(BUILD)) FUZZ_SECONDS=$(FUZZ_SECONDS) tests/suites/fuzz.sh
+
+$(BUILD)/rdmasock.pc: rdmasock.pc.in Makefile
+	@mkdir -p $(dir $@)
+	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@LIBDIR@|$(LIBDIR)|' -e 's|@INCLUDEDIR@|$(INCLUDEDIR)|' \
+	    -e 's|@VERSION@|$(VERSION)|' $< > $@
+
+install: all $(BUILD)/rdmasock.pc
+	install -d $(DESTDIR)$(LIBDIR)/pkgconfig $(DESTDIR)$(INCLUDEDIR)/rdmasock $(DESTDIR)$(BINDIR) \
+	    $(DESTDIR)$(MANDIR)/man1 $(DESTDIR)$(MANDIR)/man5 $(DESTDIR)$(DOCDIR)/examples
+	install -m 0755 $(LIB_SO) $(DESTDIR)$(LIBDIR)/librdmasock.so.$(VERSION)
+	ln -sf librdmasock.so.$(VERSION) $(DESTDIR)$(LIBDIR)/librdmasock.so.$(SOVERSION)
+	ln -sf librdmasock.so.$(SOVERSION) $(DESTDIR)$(LIBDIR)/librdmasock.so
+	install -m 0644 $(LIB_A) $(DESTDIR)$(LIBDIR)/librdmasock.a
+	install -m 0644 include/rdmasock/*.h $(DESTDIR)$(INCLUDEDIR)/rdmasock/
+	install -m 0644 $(BUILD)/rdmasock.pc $(DESTDIR)$(LIBDIR)/pkgconfig/rdmasock.pc
+	install -m 0755 $(CLI) $(DESTDIR)$(BINDIR)/rdmasock
+	install -m 0644 docs/man/*.1 $(DESTDIR)$(MANDIR)/man1/
+	install -m 0644 docs/man/*.5 $(DESTDIR)$(MANDIR)/man5/
+	install -m 0644 conf/rdmasock.conf $(DESTDIR)$(DOCDIR)/examples/rdmasock.conf
+
+uninstall:
+	rm -f $(DESTDIR)$(LIBDIR)/librdmasock.so* $(DESTDIR)$(LIBDIR)/librdmasock.a $(DESTDIR)$(LIBDIR)/pkgconfig/rdmasock.pc
+	rm -rf $(DESTDIR)$(INCLUDEDIR)/rdmasock $(DESTDIR)$(DOCDIR)
+	rm -f $(DESTDIR)$(BINDIR)/rdmasock $(DESTDIR)$(MANDIR)/man1/rdmasock.1 $(DESTDIR)$(MANDIR)/man5/rdmasock.conf.5
+
+clean:
+	rm -rf $(BUILD)

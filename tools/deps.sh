@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Installs the Debian 12 packages a make target needs. As root it runs apt-get itself; otherwise it prints the
+# exact command to run and fails, so nothing half-installed is left behind.
+#   usage: tools/deps.sh GROUP...   (groups: build check vm bench)
+set -euo pipefail
+
+declare -A GROUP=(
+  [build]="gcc make pkg-config libibverbs-dev librdmacm-dev libev-dev uthash-dev libcmocka-dev"
+  [check]="clang libclang-rt-14-dev valgrind groff-base man-db tshark tcpdump iproute2 procps psmisc socat"
+  [vm]="qemu-system-x86 busybox-static cpio kmod rdma-core ibverbs-providers ibverbs-utils rdmacm-utils perftest tcpdump tshark"
+  [bench]="gcc"
+)
+
+want=()
+for g in "$@"; do
+  [ -n "${GROUP[$g]+x}" ] || { echo "tools/deps.sh: unknown group '$g' (build check vm bench)" >&2; exit 2; }
+  for p in ${GROUP[$g]}; do want+=("$p"); done
+done
+
+missing=()
+for p in $(printf '%s\n' "${want[@]}" | sort -u); do
+  status=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)
+  [ "$status" = "install ok installed" ] || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+line="apt-get install -y --no-install-recommends ${missing[*]}"
+if [ "$(id -u)" -ne 0 ]; then
+  echo "rdmasock needs these Debian packages. As root, run:" >&2
+  echo "  apt-get update && $line" >&2
+  exit 1
+fi
+echo "rdmasock: installing ${missing[*]}" >&2
+export DEBIAN_FRONTEND=noninteractive
+# An old or empty package list finds nothing; refresh it once when it is older than a day.
+if [ -z "$(find /var/lib/apt/lists -maxdepth 1 -name '*Packages*' -mtime -1 2>/dev/null | head -n 1)" ]; then
+  apt-get update -qq
+fi
+apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
