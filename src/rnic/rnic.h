@@ -135,7 +135,9 @@ enum rs_rnic_wc_status {
     RS_WC_REM_INV_REQ_ERR,          /* the peer could not accept the request (e.g. no posted receive on RC) */
     RS_WC_RETRY_EXC_ERR,            /* peer unreachable or transport lost */
     RS_WC_WR_FLUSH_ERR,             /* flushed because the QP is in ERROR or being destroyed */
-    RS_WC_TIMEOUT,                  /* UD RDMA READ whose response did not arrive in time */
+    RS_WC_TIMEOUT,                  /* UD RDMA READ whose response did not arrive in time; or (soft) a receive
+                                     * that a segmented UD SEND had started to fill when the message was given up
+                                     * for a missing segment (byte_len 0, the message is not delivered) */
     RS_WC_RECORD_PARTIAL,           /* WRITE_RECORD whose last segment did not arrive in time: see valid map */
     RS_WC_GENERAL_ERR,
 };
