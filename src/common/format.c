@@ -123,9 +123,34 @@ static void emit_string(struct rs_sink *sink, const struct rs_spec *spec, const 
 }
 
 /*
- * Integer conversions share one layout: [sign or 0x][zeros][digits] padded
- * to the width, where zeros come from the precision or from the '0' flag.
+ * Numbers share one layout: [sign or 0x][zeros][digits] padded to the width, where zeros come from the precision
+ * or from the '0' flag. digits are least significant first.
  */
+static void emit_number_layout(struct rs_sink *sink, const struct rs_spec *spec, const char *prefix,
+                               size_t prefix_len, const char *digits, size_t ndigits)
+{
+    size_t zeros = 0;
+    if (spec->precision >= 0 && (size_t)spec->precision > ndigits)
+        zeros = (size_t)spec->precision - ndigits;
+
+    size_t body = prefix_len + zeros + ndigits;
+    size_t pad = spec->width > body ? spec->width - body : 0;
+    if (spec->zero && !spec->left && spec->precision < 0) {
+        zeros += pad;
+        pad = 0;
+    }
+
+    if (!spec->left)
+        sink_pad(sink, ' ', pad);
+    sink_put_n(sink, prefix, prefix_len);
+    sink_pad(sink, '0', zeros);
+    while (ndigits > 0)
+        sink_put(sink, digits[--ndigits]);
+    if (spec->left)
+        sink_pad(sink, ' ', pad);
+}
+
+/* Integer conversions: digits in the requested base, then the shared layout. */
 static void emit_integer(struct rs_sink *sink, const struct rs_spec *spec,
                          uintmax_t magnitude, bool negative, bool signed_conv,
                          unsigned base, bool upper)
@@ -156,25 +181,7 @@ static void emit_integer(struct rs_sink *sink, const struct rs_spec *spec,
         prefix[prefix_len++] = upper ? 'X' : 'x';
     }
 
-    size_t zeros = 0;
-    if (spec->precision >= 0 && (size_t)spec->precision > ndigits)
-        zeros = (size_t)spec->precision - ndigits;
-
-    size_t body = prefix_len + zeros + ndigits;
-    size_t pad = spec->width > body ? spec->width - body : 0;
-    if (spec->zero && !spec->left && spec->precision < 0) {
-        zeros += pad;
-        pad = 0;
-    }
-
-    if (!spec->left)
-        sink_pad(sink, ' ', pad);
-    sink_put_n(sink, prefix, prefix_len);
-    sink_pad(sink, '0', zeros);
-    while (ndigits > 0)
-        sink_put(sink, digits[--ndigits]);
-    if (spec->left)
-        sink_pad(sink, ' ', pad);
+    emit_number_layout(sink, spec, prefix, prefix_len, digits, ndigits);
 }
 
 /* %p of a non-NULL pointer: glibc treats it as %#lx but still honours the
@@ -204,23 +211,7 @@ static void emit_pointer(struct rs_sink *sink, const struct rs_spec *spec, const
     prefix[prefix_len++] = '0';
     prefix[prefix_len++] = 'x';
 
-    size_t zeros = 0;
-    if (spec->precision >= 0 && (size_t)spec->precision > ndigits)
-        zeros = (size_t)spec->precision - ndigits;
-    size_t body = prefix_len + zeros + ndigits;
-    size_t pad = spec->width > body ? spec->width - body : 0;
-    if (spec->zero && !spec->left && spec->precision < 0) {
-        zeros += pad;
-        pad = 0;
-    }
-    if (!spec->left)
-        sink_pad(sink, ' ', pad);
-    sink_put_n(sink, prefix, prefix_len);
-    sink_pad(sink, '0', zeros);
-    while (ndigits > 0)
-        sink_put(sink, digits[--ndigits]);
-    if (spec->left)
-        sink_pad(sink, ' ', pad);
+    emit_number_layout(sink, spec, prefix, prefix_len, digits, ndigits);
 }
 
 /* Width/precision digits; saturate instead of overflowing on absurd input. */
