@@ -34,6 +34,8 @@ LIB_SO      := $(BUILD)/librdmasock.so
 LIB_A       := $(BUILD)/librdmasock.a
 CLI_SRCS    := $(sort $(wildcard tools/cli/*.c))
 CLI         := $(BUILD)/bin/rdmasock
+PERF_SRCS   := $(sort $(wildcard tools/perf/*.c))
+PERF        := $(if $(PERF_SRCS),$(BUILD)/bin/rdmasock-perf)
 UNIT_SRCS   := $(sort $(wildcard tests/unit/test_*.c))
 UNIT_BINS   := $(UNIT_SRCS:tests/unit/%.c=$(BUILD)/tests/unit/%)
 HELPER_SRCS := $(sort $(wildcard tests/helpers/*.c))
@@ -48,7 +50,7 @@ FUZZ_FLAGS  := -g -O1 -fno-omit-frame-pointer -fsanitize=fuzzer-no-link,address,
 
 .PHONY: all lib tests helpers fuzz-build check demo bench fuzz install uninstall clean deps-build deps-check deps-demo
 
-all: lib $(CLI)
+all: lib $(CLI) $(PERF)
 lib: $(LIB_SO) $(LIB_A)
 
 $(BUILD)/obj/%.o: %.c $(HEADERS)
@@ -65,6 +67,10 @@ $(LIB_A): $(OBJS)
 $(CLI): $(CLI_SRCS) $(LIB_A) $(HEADERS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) -DRS_LIBDIR=\"$(LIBDIR)\" $(CFLAGS) -o $@ $(CLI_SRCS) $(LIB_A) $(LIB_LDLIBS)
+
+$(PERF): $(PERF_SRCS) $(LIB_A) $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) $(CFLAGS) -o $@ $(PERF_SRCS) $(LIB_A) $(LIB_LDLIBS)
 
 $(BUILD)/tests/unit/%: tests/unit/%.c $(LIB_A) $(HEADERS)
 	@mkdir -p $(dir $@)
@@ -127,7 +133,7 @@ install: all $(BUILD)/rdmasock.pc
 	install -m 0644 $(LIB_A) $(DESTDIR)$(LIBDIR)/librdmasock.a
 	install -m 0644 include/rdmasock/*.h $(DESTDIR)$(INCLUDEDIR)/rdmasock/
 	install -m 0644 $(BUILD)/rdmasock.pc $(DESTDIR)$(LIBDIR)/pkgconfig/rdmasock.pc
-	install -m 0755 $(CLI) $(DESTDIR)$(BINDIR)/rdmasock
+	install -m 0755 $(CLI) $(PERF) $(DESTDIR)$(BINDIR)/
 	install -m 0644 docs/man/*.1 $(DESTDIR)$(MANDIR)/man1/
 	install -m 0644 docs/man/*.5 $(DESTDIR)$(MANDIR)/man5/
 	install -m 0644 conf/rdmasock.conf $(DESTDIR)$(DOCDIR)/examples/rdmasock.conf
@@ -135,7 +141,7 @@ install: all $(BUILD)/rdmasock.pc
 uninstall:
 	rm -f $(DESTDIR)$(LIBDIR)/librdmasock.so* $(DESTDIR)$(LIBDIR)/librdmasock.a $(DESTDIR)$(LIBDIR)/pkgconfig/rdmasock.pc
 	rm -rf $(DESTDIR)$(INCLUDEDIR)/rdmasock $(DESTDIR)$(DOCDIR)
-	rm -f $(DESTDIR)$(BINDIR)/rdmasock $(DESTDIR)$(MANDIR)/man1/rdmasock.1 $(DESTDIR)$(MANDIR)/man5/rdmasock.conf.5
+	rm -f $(DESTDIR)$(BINDIR)/rdmasock $(DESTDIR)$(BINDIR)/rdmasock-perf $(DESTDIR)$(MANDIR)/man1/rdmasock.1 $(DESTDIR)$(MANDIR)/man5/rdmasock.conf.5
 
 clean:
 	rm -rf $(BUILD)
