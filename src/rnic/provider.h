@@ -82,9 +82,10 @@ struct rs_rnic_provider {
     int (*open)(const struct sockaddr *local_addr, struct rs_rnic **out);
 };
 
-/* Defined by each provider's device file. Weak, so a build without a provider still links and rs_rnic_open
- * simply does not find it. */
-extern const struct rs_rnic_provider rs_rnic_soft_provider __attribute__((weak));
+/* Defined by each provider's device file. The references are strong on purpose: a weak reference does not pull
+ * a member out of a static archive, so a program linked with librdmasock.a would silently lack a provider. */
+extern const struct rs_rnic_provider rs_rnic_soft_provider;
+/* Weak until the verbs provider lands: rs_rnic_open then simply does not find it. */
 extern const struct rs_rnic_provider rs_rnic_verbs_provider __attribute__((weak));
 
 #endif /* RS_RNIC_PROVIDER_H */

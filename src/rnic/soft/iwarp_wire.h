@@ -173,4 +173,12 @@ static inline uint32_t rs_term_word(enum rs_term_layer layer, unsigned etype, un
            (flags & 0xe000u);
 }
 
+/*
+ * RC half (note for the datagram half): the encoders, parsers and rules built on these layouts live in mpa.h:
+ * MPA Request/Reply and IRD/ORD negotiation, FPDU framing and CRC, rs_ddp_seg_parse (header validation with the
+ * Terminate cause of every refusal), rs_ddp_tagged_hdr / rs_ddp_untagged_hdr / rs_rdmap_read_req_hdr, and
+ * rs_term_build (a whole Terminate ULPDU with the M/D/R header copies). mpa.c depends on nothing but this file and
+ * common/crc32c, so the datagram half may use them too. Nothing above was changed by the RC half.
+ */
+
 #endif /* RS_RNIC_SOFT_IWARP_WIRE_H */

@@ -1,0 +1,321 @@
+/*
+ * rc.h: internal state of the soft RNIC's RC half: iWARP (MPA/DDP/RDMAP) over a nonblocking kernel TCP socket.
+ * Only rc_*.c include this; the core reaches the RC half through rs_soft_rc_ops (soft.h).
+ *
+ * Files: rc_qp.c  QP state, completions in order, ORD/IRQ queues, ERROR handling, the rs_soft_rc_ops table
+ *        rc_tx.c  FPDU segmentation and transmission (sendmsg with iovecs, CRC over the pieces)
+ *        rc_rx.c  the receive state machine (header -> payload into the target -> pad + CRC)
+ *        rc_cm.c  listen / connect / accept / reject / disconnect, MPA Request/Reply exchange, timers
+ *
+ * Threads and locks:
+ *   - Everything that changes the connection state (rc->conn), the receive machine and the inbound Read queue runs
+ *     on the device's progress thread: application calls (connect, accept, disconnect, destroy, set_error) hop to
+ *     it with rs_soft_progress_call_sync.
+ *   - Transmission runs on whichever thread holds rc->tx_lock: the posting thread sends its own work requests while
+ *     the socket accepts them; the progress thread finishes what the socket refused and is the only one that
+ *     produces Read Responses and Terminates. FPDUs of different messages interleave only at FPDU boundaries
+ *     because a batch is only built when the previous one was completely handed to the socket.
+ *   - Lock order: rc->tx_lock -> qp->sq_lock -> device MR read lock -> rq->lock -> cq->lock (soft.h's order with
+ *     tx_lock in front). tx_lock is never held while calling rs_soft_qp_enter_error or waiting for the loop.
+ *   - The outstanding-Read queue (ORQ) is single-producer (transmitter, under tx_lock) single-consumer (receiver,
+ *     progress thread), with atomic indexes.
+ */
+#ifndef RS_RNIC_SOFT_RC_H
+#define RS_RNIC_SOFT_RC_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+
+#include "rnic/soft/mpa.h"
+#include "rnic/soft/soft.h"
+
+/* ---- tunables ---- */
+
+#define RS_RC_FPDU_MAX 16384u               /* largest FPDU we send (framing included) */
+#define RS_RC_FPDU_MIN 256u                 /* floor when the MSS is tiny */
+#define RS_RC_TX_BATCH_FPDUS 64             /* FPDUs handed to one sendmsg at most */
+#define RS_RC_TX_IOV_MAX 1024               /* IOV_MAX on Linux */
+#define RS_RC_TX_LOOP_BATCHES 2             /* batches one progress-thread turn may send before yielding */
+#define RS_RC_TX_POST_BATCHES 16            /* batches a posting thread sends before leaving the rest to the loop */
+#define RS_RC_RX_BUDGET_BYTES (1u << 20)    /* bytes one receive turn may consume before yielding */
+#define RS_RC_RX_BUDGET_FPDUS 256
+#define RS_RC_RX_LOOKAHEAD 16               /* bytes of the next FPDU read with a trailer: the smallest header */
+#define RS_RC_DEFAULT_CONNECT_TIMEOUT_MS 5000u
+#define RS_RC_MPA_REQUEST_TIMEOUT_MS 5000u  /* passive side: time a new TCP connection has to send its Request */
+#define RS_RC_CLOSE_TIMEOUT_MS 3000u        /* disconnect / error: time the peer has to close its half */
+#define RS_RC_TERM_LEN_FPDU (RS_MPA_LEN_FIELD + RS_TERM_MAX_LEN + RS_MPA_TRAILER_MAX)
+
+/* Connection state, written on the progress thread only (read anywhere with rs_rc_conn()). */
+enum rs_rc_conn {
+    RS_RC_IDLE,             /* no connection (QP in INIT) */
+    RS_RC_CONNECTING,       /* active: TCP connect in progress */
+    RS_RC_MPA_WAIT,         /* active: Request sent (or being sent), waiting for the Reply */
+    RS_RC_RTS,              /* FPDUs flow */
+    RS_RC_CLOSING,          /* orderly disconnect: finishing transmission, FINs crossing */
+    RS_RC_DRAINING,         /* ERROR: last bytes (Terminate) going out, inbound bytes discarded until EOF */
+    RS_RC_CLOSED,           /* socket closed */
+};
+
+/* Per send-queue slot, for in-order completion (qp->sq_lock). */
+enum rs_rc_slot { RS_RC_SLOT_PENDING = 0, RS_RC_SLOT_DONE, RS_RC_SLOT_FAILED };
+
+/* An RDMA READ we issued and whose response has not been placed completely. */
+struct rs_rc_orq_entry {
+    struct rs_soft_send_wqe *wqe;
+    uint32_t sink_stag;
+    uint64_t sink_to;
+    uint64_t length;
+    uint64_t placed;        /* receiver's cursor */
+    uint64_t pos;           /* the WQE's send-queue ring position */
+};
+
+/* A Read Request the peer sent us, waiting for its response to be transmitted (progress thread only). */
+struct rs_rc_irq_entry {
+    struct rs_rdmap_read_req rr;
+    uint32_t sent;
+};
+
+/* One FPDU of a transmit batch. */
+struct rs_rc_tx_fpdu {
+    size_t end;             /* batch offset just past this FPDU */
+    int64_t done_pos;       /* sq ring position completed (handed to TCP) with this FPDU, or -1 */
+};
+
+/* A Read Response piece in the batch: revalidated before any later sendmsg of the same batch (a region may be
+ * deregistered between two turns; its bytes must then never be sent). */
+struct rs_rc_tx_src {
+    uint32_t stag;
+    uint64_t to, len;
+    const uint8_t *where;
+};
+
+struct rs_rc_tx {
+    /* The batch being handed to the socket. */
+    struct iovec iov[RS_RC_TX_IOV_MAX];
+    int iov_n, iov_pos;
+    size_t iov_off;
+    size_t bytes, sent;
+    struct rs_rc_tx_fpdu fpdu[RS_RC_TX_BATCH_FPDUS];
+    int fpdu_n, fpdu_pos;
+    struct rs_rc_tx_src src[RS_RC_TX_BATCH_FPDUS];
+    int src_n;
+    uint8_t hdr[RS_RC_TX_BATCH_FPDUS][RS_MPA_LEN_FIELD + RS_DDP_MAX_HDR_LEN];
+    uint8_t trailer[RS_RC_TX_BATCH_FPDUS][RS_MPA_TRAILER_MAX];
+    /* Raw bytes that go out after the batch: the MPA Request/Reply, or a Terminate FPDU. */
+    uint8_t raw[RS_MPA_REQREP_MAX > RS_RC_TERM_LEN_FPDU ? RS_MPA_REQREP_MAX : RS_RC_TERM_LEN_FPDU];
+    size_t raw_len, raw_sent;
+    /* On a fatal error: the unsent rest of the FPDU being transmitted, copied so the batch can be dropped. */
+    uint8_t stage[RS_RC_FPDU_MAX];
+    /* Segmentation of the send-queue WQE in progress. */
+    struct rs_soft_send_wqe *cur;
+    uint64_t cur_pos;       /* its ring position */
+    uint32_t cur_msn;
+    uint32_t msn_send, msn_rreq;    /* last MSN used per queue */
+    bool alternate;         /* progress thread: next FPDU from the Read queue rather than the send queue */
+};
+
+enum rs_rc_rx_state { RS_RC_RX_HDR, RS_RC_RX_PAYLOAD };
+enum rs_rc_rx_dest { RS_RC_DEST_NONE, RS_RC_DEST_WRITE, RS_RC_DEST_READ_RESP, RS_RC_DEST_SEND, RS_RC_DEST_TERM };
+
+struct rs_rc_rx {
+    enum rs_rc_rx_state state;
+    uint8_t hbuf[RS_MPA_LEN_FIELD + RS_DDP_MAX_HDR_LEN];    /* header being read (or the next one's first bytes) */
+    size_t hhave;
+    uint8_t cur_hdr[RS_MPA_LEN_FIELD + RS_DDP_MAX_HDR_LEN]; /* header of the FPDU whose payload is being read */
+    size_t cur_hdr_len;
+    uint16_t ulpdu_len;
+    struct rs_ddp_seg seg;
+    enum rs_rc_rx_dest dest;
+    uint32_t crc;
+    uint64_t pay_done;
+    uint8_t trailer[RS_MPA_TRAILER_MAX];
+    size_t tr_have, tr_len;
+    /* Untagged Send message being received. */
+    struct rs_soft_recv_wqe *recv;
+    uint64_t msg_bytes;
+    uint32_t msn_send, msn_rreq, msn_term;  /* next expected MSN per queue */
+    /* Terminate received. */
+    uint8_t term[RS_TERM_MAX_LEN - RS_DDP_UNTAGGED_HDR_LEN - RS_TERM_HDR_LEN];
+    uint8_t scratch[4096];
+    /* Test/fuzz feeding: when set, bytes come from here instead of the socket. */
+    const uint8_t *feed;
+    size_t feed_len;
+};
+
+struct rs_rc_qp {
+    struct rs_soft_qp *qp;
+    struct rs_soft_device *dev;
+    int fd;
+    int conn;                               /* enum rs_rc_conn */
+    bool active;                            /* we sent the Request */
+    struct rs_soft_cm *cm;                  /* events for this QP (a reference is held) */
+    struct rs_soft_watch *watch;
+    unsigned watch_events;
+    struct rs_soft_timer *timer;
+    struct sockaddr_storage peer;
+    socklen_t peer_len;
+    uint32_t fpdu_max;
+
+    /* MPA negotiation. */
+    struct rs_mpa_local local;
+    struct rs_mpa_result neg;
+    struct rs_mpa_frame req;                /* active: our Request (for checking the Reply) */
+    uint8_t req_pd[RS_MPA_MAX_ULP_PRIVATE_DATA];
+    uint8_t mpa_in[RS_MPA_REQREP_MAX];      /* active: the Reply as it arrives */
+    size_t mpa_have;
+
+    /* Closing and errors (progress thread). */
+    bool final_event_sent;                  /* REJECTED/UNREACHABLE/TIMEOUT/DISCONNECTED/ERROR pushed */
+    bool quiet_error;                       /* entering ERROR without an ERROR event (already reported) */
+    int error_detail;                       /* -errno for the ERROR event */
+    bool disconnect_requested, fin_sent, peer_fin;
+    bool term_sent;                         /* a Terminate was queued, or received (never answer one) */
+    bool term_queued;                       /* we queued one: the stream is drained so it arrives whole */
+    bool abort_close;                       /* the stream is unusable: reset it rather than drain it */
+    bool rx_eof;                            /* the peer's FIN (or a socket error) was read */
+
+    /* Transmission. */
+    pthread_mutex_t tx_lock;
+    bool tx_stopped;                        /* tx_lock: no new FPDUs (ERROR, CLOSING after FIN) */
+    bool tx_want_write;                     /* tx_lock: bytes left that the socket refused */
+    bool tx_failed;                         /* tx_lock: the transmitter hit an error, the QP must enter ERROR */
+    bool tx_fail_reported;                  /* tx_lock: rs_rc_tx_failed already called */
+    bool tx_fail_abort;                     /* tx_lock: the stream is broken mid-FPDU, reset it (no Terminate) */
+    bool tx_fail_has_cause;                 /* tx_lock: tx_fail_cause is the Terminate to send */
+    struct rs_term_cause tx_fail_cause;
+    int tx_fail_detail;
+    struct rs_rc_tx tx;
+
+    /* Send-queue slot states (qp->sq_lock). */
+    uint8_t *slot_state;
+    uint8_t *slot_status;
+    bool sq_failed;                         /* a WQE completed in error: the rest is left to the flush */
+
+    /* Outstanding Reads (ORQ) and inbound Reads (IRQ). */
+    struct rs_rc_orq_entry *orq;
+    uint32_t orq_cap;
+    uint64_t orq_head, orq_tail;            /* atomic */
+    struct rs_rc_irq_entry *irq;
+    uint32_t irq_cap;
+    uint64_t irq_head, irq_tail;            /* written by the progress thread only (atomic stores) */
+
+    struct rs_rc_rx rx;
+};
+
+static inline struct rs_rc_qp *rs_rc(const struct rs_soft_qp *qp) { return (struct rs_rc_qp *)qp->rc; }
+static inline enum rs_rc_conn rs_rc_conn(const struct rs_rc_qp *rc)
+{
+    return (enum rs_rc_conn)__atomic_load_n(&rc->conn, __ATOMIC_ACQUIRE);
+}
+static inline void rs_rc_set_conn(struct rs_rc_qp *rc, enum rs_rc_conn c)
+{
+    __atomic_store_n(&rc->conn, (int)c, __ATOMIC_RELEASE);
+}
+/* Read Responses still to transmit. The IRQ indexes change on the progress thread only; a posting thread reads
+ * them to know it must leave the socket's writable event armed for the progress thread. */
+static inline bool rs_rc_irq_pending(const struct rs_rc_qp *rc)
+{
+    return __atomic_load_n(&rc->irq_head, __ATOMIC_ACQUIRE) != __atomic_load_n(&rc->irq_tail, __ATOMIC_ACQUIRE);
+}
+static inline uint32_t rs_rc_orq_count(const struct rs_rc_qp *rc)
+{
+    return (uint32_t)(__atomic_load_n(&rc->orq_tail, __ATOMIC_ACQUIRE) -
+                      __atomic_load_n(&rc->orq_head, __ATOMIC_ACQUIRE));
+}
+
+/* ---- rc_qp.c ---- */
+
+/* Records the outcome of the WQE at ring position pos and completes every finished WQE at the head of the send
+ * queue, in ring order. Takes qp->sq_lock. */
+void rs_rc_slot_finish(struct rs_rc_qp *rc, uint64_t pos, enum rs_rc_slot state, enum rs_rnic_wc_status status);
+/* Completes the finished WQEs at the head (qp->sq_lock held). */
+void rs_rc_complete_ready_locked(struct rs_rc_qp *rc);
+/* Moves the connection to RTS after MPA: sizes FPDUs for the MSS, resets the stream state, starts transmitting. */
+void rs_rc_enter_rts(struct rs_rc_qp *rc);
+/*
+ * A fatal error detected here (progress thread, no locks held). With cause, a Terminate naming it (and the
+ * offending header, if given) is queued behind the FPDU being transmitted. Then the QP enters ERROR: the peer is
+ * told by the Terminate and the closing TCP connection, our CM gets RS_RNIC_CM_EV_ERROR with detail.
+ */
+void rs_rc_fatal(struct rs_rc_qp *rc, const struct rs_term_cause *cause, const uint8_t *offending,
+                 size_t offending_len, uint16_t offending_ulpdu_len, int detail);
+/* Pushes a CM event for this QP on its channel (progress thread). */
+void rs_rc_push_event(struct rs_rc_qp *rc, enum rs_rnic_cm_event_type type, int error, const void *pd,
+                      uint32_t pd_len);
+/* Applies the QP's traffic class to its socket. */
+void rs_rc_apply_qos(struct rs_rc_qp *rc);
+/* Sets the socket watch to what the state needs (READ while open, WRITE while bytes wait). tx_lock held. */
+void rs_rc_watch_update_locked(struct rs_rc_qp *rc);
+void rs_rc_watch_update(struct rs_rc_qp *rc);
+/* The transmitter failed (tx_failed set): takes the QP to ERROR on the progress thread. No locks held. */
+void rs_rc_tx_failed(struct rs_rc_qp *rc);
+
+/* ---- rc_tx.c ---- */
+
+/*
+ * Transmits as much as the socket takes (bounded). from_loop: the progress thread (also serves Read Responses).
+ * Returns true when bytes are left over for a later writable event. Takes tx_lock.
+ */
+bool rs_rc_tx_run(struct rs_rc_qp *rc, bool from_loop);
+/* tx_lock held: queues raw bytes (MPA frame, Terminate FPDU) after the current batch. */
+int rs_rc_tx_queue_raw(struct rs_rc_qp *rc, const uint8_t *bytes, size_t len);
+/* tx_lock held: keeps only the rest of the FPDU being sent (copied) and drops the rest of the batch. false when
+ * that rest cannot be produced any more (its source region is gone): the stream must then be reset. */
+bool rs_rc_tx_cut_batch(struct rs_rc_qp *rc);
+/* tx_lock held: true when nothing is left to send (no batch, no raw bytes). */
+bool rs_rc_tx_idle_locked(const struct rs_rc_qp *rc);
+/* tx_lock held: true when no work request or Read Response remains to be started either. */
+bool rs_rc_tx_quiescent_locked(struct rs_rc_qp *rc);
+/* Sends the pending bytes without building more (ERROR draining). Returns true when bytes are left. */
+bool rs_rc_tx_flush_only(struct rs_rc_qp *rc);
+
+/* ---- rc_rx.c ---- */
+
+/* Progress-thread receive turn on the socket (or the feed buffer). */
+void rs_rc_rx_run(struct rs_rc_qp *rc);
+/* Resets the receive machine for a new stream (MSNs start at 1). */
+void rs_rc_rx_reset(struct rs_rc_qp *rc);
+/* ERROR draining: reads and discards until EOF; returns true at EOF or on a socket error. */
+bool rs_rc_rx_discard(struct rs_rc_qp *rc);
+
+/* ---- rc_cm.c ---- */
+
+/* The progress-thread callback of a QP's socket. */
+void rs_rc_io_cb(struct rs_soft_watch *w, int fd, unsigned revents, void *arg);
+/* Closes the socket (after deleting the watch); abortive sends a RST. */
+void rs_rc_close_socket(struct rs_rc_qp *rc, bool abortive);
+/* The QP's timer fired (connect timeout, close timeout). */
+void rs_rc_timer_cb(struct rs_soft_timer *t, void *arg);
+/* Checks whether an orderly close can progress (FIN out once idle, both FINs -> DISCONNECTED). Progress thread. */
+void rs_rc_close_progress(struct rs_rc_qp *rc);
+
+/* Connection calls, for rs_soft_rc_ops. */
+int rs_rc_listen(struct rs_soft_cm *cm, const struct sockaddr *addr, socklen_t len, int backlog,
+                 struct rs_rnic_listener **out);
+int rs_rc_listener_addr(const struct rs_rnic_listener *listener, struct sockaddr_storage *out);
+void rs_rc_listener_close(struct rs_rnic_listener *listener);
+int rs_rc_connect(struct rs_soft_qp *qp, struct rs_soft_cm *cm, const struct sockaddr *dst, socklen_t len,
+                  const void *private_data, uint32_t private_data_len, uint32_t timeout_ms);
+int rs_rc_accept(struct rs_rnic_conn_request *request, struct rs_soft_qp *qp, struct rs_soft_cm *cm,
+                 const void *private_data, uint32_t private_data_len);
+int rs_rc_reject(struct rs_rnic_conn_request *request, const void *private_data, uint32_t private_data_len);
+int rs_rc_disconnect(struct rs_soft_qp *qp);
+void rs_rc_request_discard(struct rs_rnic_conn_request *request);
+
+/* =========================================== TEST ONLY ===================================================== */
+/*
+ * Puts an RC QP in INIT straight into RTS on an already connected stream socket fd (the QP takes ownership of
+ * fd), skipping MPA: negotiated IRD/ORD as given, CRC on. For the fuzz target and unit tests only.
+ */
+int rs_soft_rc_test_attach(struct rs_rnic_qp *qp, int fd, uint16_t ird, uint16_t ord);
+/*
+ * Feeds bytes to the RC receive machine of a QP in RTS as if they had arrived on its socket (runs on the progress
+ * thread; bypasses the socket, not the checks). Returns 0 while the QP is still in RTS, or -ECONNABORTED once the
+ * bytes made it fail (a Terminate was sent, the QP is in ERROR).
+ */
+int rs_soft_rc_rx_buffer(struct rs_rnic_qp *qp, const void *buf, size_t len);
+
+#endif /* RS_RNIC_SOFT_RC_H */

@@ -1,0 +1,775 @@
+/*
+ * rc_cm.c: RC connection management of the soft RNIC over nonblocking kernel TCP, driven by the progress thread.
+ *
+ *   active   socket + nonblocking connect -> writable: send the MPA Request -> read exactly the Reply (FPDUs may
+ *            follow it in the same segment and belong to the receive machine) -> ESTABLISHED, or REJECTED (R set,
+ *            or TCP refused), UNREACHABLE (no route, not an MPA peer), TIMEOUT (connect timer).
+ *   passive  listening socket -> accept4 -> read exactly the Request (a silent client is dropped after
+ *            RS_RC_MPA_REQUEST_TIMEOUT_MS) -> refused at once if it wants markers or an unknown revision (Reply
+ *            with R, close), else CONNECT_REQUEST to the application, which accepts (Reply, ESTABLISHED) or
+ *            rejects (Reply with R and its private data, close).
+ *   close    iWARP has no disconnect message: the side that disconnects finishes what it transmits and sends its
+ *            FIN; the other side sees EOF at an FPDU boundary, does the same; both report DISCONNECTED.
+ *
+ * Application calls never block on the network: they hand their work to the progress thread with
+ * rs_soft_progress_call_sync and return as soon as it is queued there.
+ */
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "rnic/soft/rc.h"
+
+struct rs_rc_listener;
+
+/* A TCP connection accepted by a listener whose MPA Request is still arriving (progress thread only). */
+struct rs_rc_pending {
+    struct rs_rc_pending *next;
+    struct rs_rc_listener *listener;
+    int fd;
+    struct sockaddr_storage peer;
+    struct rs_soft_watch *watch;
+    struct rs_soft_timer *timer;
+    uint8_t buf[RS_MPA_REQREP_MAX];
+    size_t have;
+};
+
+struct rs_rc_listener {
+    struct rs_rnic_listener base;
+    struct rs_soft_device *dev;
+    struct rs_soft_cm *cm;
+    int fd;
+    struct rs_soft_watch *watch;
+    struct rs_mpa_local local;
+    struct rs_rc_pending *pending;
+};
+
+/* A complete, acceptable MPA Request waiting for the application's accept or reject. */
+struct rs_rc_request {
+    struct rs_rnic_conn_request base;
+    struct rs_soft_device *dev;
+    int fd;
+    struct sockaddr_storage peer;
+    uint8_t buf[RS_MPA_REQREP_MAX];
+    size_t len;
+    struct rs_mpa_frame req;            /* pd points into buf */
+    struct rs_mpa_local local;
+    struct rs_mpa_result neg;
+};
+
+static void set_nodelay(int fd)
+{
+    int one = 1;
+    (void)rs_soft_sys_setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+}
+
+static bool addr_ok(const struct sockaddr *a, socklen_t len)
+{
+    if (!a)
+        return false;
+    if (a->sa_family == AF_INET)
+        return len >= sizeof(struct sockaddr_in);
+    if (a->sa_family == AF_INET6)
+        return len >= sizeof(struct sockaddr_in6);
+    return false;
+}
+
+static struct rs_mpa_local default_local(const struct rs_soft_device *dev)
+{
+    struct rs_mpa_local l = { .rev = RS_MPA_REV2 };
+    const char *rev = getenv("RDMASOCK_SOFT_MPA_REV");
+    if (rev && rev[0] == '1' && rev[1] == '\0')
+        l.rev = RS_MPA_REV1;
+    l.ird = (uint16_t)(dev->base.caps.max_ird < RS_SOFT_MAX_IRD ? dev->base.caps.max_ird : RS_SOFT_MAX_IRD);
+    l.ord = (uint16_t)(dev->base.caps.max_ord < RS_SOFT_MAX_ORD ? dev->base.caps.max_ord : RS_SOFT_MAX_ORD);
+    return l;
+}
+
+/* Best effort: a Reply (or reject) on a fresh connection always fits the socket buffer. */
+static void send_frame(int fd, const struct rs_mpa_frame *f)
+{
+    uint8_t out[RS_MPA_REQREP_MAX];
+    int n = rs_mpa_frame_encode(f, out, sizeof(out));
+    if (n <= 0)
+        return;
+    struct iovec iov = { out, (size_t)n };
+    struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1 };
+    ssize_t r = rs_soft_sys_sendmsg(fd, &m, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (r != n)
+        RS_DEBUG("soft rc: MPA reply not sent whole (%zd of %d)", r, n);
+}
+
+/* ---- sockets of a QP ---- */
+
+void rs_rc_close_socket(struct rs_rc_qp *rc, bool abortive)
+{
+    pthread_mutex_lock(&rc->tx_lock);
+    struct rs_soft_watch *w = rc->watch;
+    int fd = rc->fd;
+    rc->watch = NULL;
+    rc->watch_events = 0;
+    rc->fd = -1;
+    rc->tx_stopped = true;
+    pthread_mutex_unlock(&rc->tx_lock);
+    if (w)
+        rs_soft_watch_del(w);
+    if (fd >= 0) {
+        if (abortive) {
+            /* SO_LINGER with a zero timeout: close sends a RST, so the peer learns at once. */
+            struct linger lg = { 1, 0 };
+            (void)rs_soft_sys_setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
+        }
+        rs_soft_sys_close(fd);
+    }
+    if (rc->timer)
+        rs_soft_timer_arm(rc->timer, 0);
+    rs_rc_set_conn(rc, RS_RC_CLOSED);
+}
+
+/* The connection attempt ended without a connection: one event, then the QP is in ERROR (its work flushed). */
+static void connect_failed(struct rs_rc_qp *rc, enum rs_rnic_cm_event_type type, int error, const void *pd,
+                           uint32_t pd_len, bool abortive)
+{
+    RS_DEBUG("soft rc: qp %u connect failed: event %d error %d", rc->qp->qpn, (int)type, error);
+    if (!rc->final_event_sent)
+        rs_rc_push_event(rc, type, error, pd, pd_len);
+    rc->final_event_sent = true;
+    rc->quiet_error = true;
+    rs_rc_close_socket(rc, abortive);
+    rs_soft_qp_enter_error(rc->qp);
+}
+
+static enum rs_rnic_cm_event_type event_for_errno(int err)
+{
+    switch (err) {
+    case -ECONNREFUSED:
+        return RS_RNIC_CM_EV_REJECTED;      /* nobody listens: TCP refused (rdma_cm on iWARP says REJECTED too) */
+    case -ETIMEDOUT:
+        return RS_RNIC_CM_EV_TIMEOUT;
+    default:
+        return RS_RNIC_CM_EV_UNREACHABLE;
+    }
+}
+
+/* Both FINs crossed (or the close timer fired): DISCONNECTED, then ERROR without another event. */
+static void finish_disconnect(struct rs_rc_qp *rc, bool abortive)
+{
+    if (!rc->final_event_sent)
+        rs_rc_push_event(rc, RS_RNIC_CM_EV_DISCONNECTED, 0, NULL, 0);
+    rc->final_event_sent = true;
+    rc->quiet_error = true;
+    rs_rc_close_socket(rc, abortive);
+    rs_soft_qp_enter_error(rc->qp);
+}
+
+void rs_rc_close_progress(struct rs_rc_qp *rc)
+{
+    if (rs_rc_conn(rc) != RS_RC_CLOSING)
+        return;
+    if (!rc->fin_sent && (rc->disconnect_requested || rc->peer_fin)) {
+        pthread_mutex_lock(&rc->tx_lock);
+        bool quiet = rs_rc_tx_quiescent_locked(rc);
+        if (quiet)
+            rc->tx_stopped = true;
+        pthread_mutex_unlock(&rc->tx_lock);
+        if (quiet) {
+            rs_soft_sys_shutdown(rc->fd, SHUT_WR);
+            rc->fin_sent = true;
+            RS_DEBUG("soft rc: qp %u sent its FIN", rc->qp->qpn);
+        }
+    }
+    if (rc->fin_sent && rc->peer_fin)
+        finish_disconnect(rc, false);
+}
+
+/* ---- active side ---- */
+
+static void connect_done(struct rs_rc_qp *rc)
+{
+    int err = 0;
+    socklen_t len = sizeof(err);
+    if (rs_soft_sys_getsockopt(rc->fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0)
+        err = ECONNABORTED;
+    if (err) {
+        connect_failed(rc, event_for_errno(-err), -err, NULL, 0, true);
+        return;
+    }
+    uint8_t frame[RS_MPA_REQREP_MAX];
+    int n = rs_mpa_frame_encode(&rc->req, frame, sizeof(frame));
+    pthread_mutex_lock(&rc->tx_lock);
+    if (n > 0)
+        n = rs_rc_tx_queue_raw(rc, frame, (size_t)n) == 0 ? n : -ENOSPC;
+    rs_rc_set_conn(rc, RS_RC_MPA_WAIT);
+    rs_rc_watch_update_locked(rc);
+    pthread_mutex_unlock(&rc->tx_lock);
+    if (n < 0) {
+        connect_failed(rc, RS_RNIC_CM_EV_UNREACHABLE, n, NULL, 0, true);
+        return;
+    }
+    rs_rc_tx_run(rc, true);
+}
+
+/* Reads exactly one MPA frame into buf (have bytes already). 1 when complete (*total set), 0 to wait, or -errno
+ * (-EPROTO: not the frame we wait for; 0 bytes at EOF is -ECONNRESET). */
+static int read_frame(int fd, uint8_t *buf, size_t *have, bool reply, size_t *total)
+{
+    for (;;) {
+        int t = rs_mpa_frame_length(buf, *have, reply);
+        if (t < 0 && t != -EAGAIN)
+            return t == -EMSGSIZE ? -EPROTO : t;
+        size_t want = t == -EAGAIN ? RS_MPA_REQREP_HDR_LEN : (size_t)t;
+        if (*have >= want) {
+            *total = want;
+            return 1;
+        }
+        struct iovec iov = { buf + *have, want - *have };
+        struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1 };
+        ssize_t r = rs_soft_sys_recvmsg(fd, &m, MSG_DONTWAIT);
+        if (r == -EAGAIN || r == -EWOULDBLOCK)
+            return 0;
+        if (r == 0)
+            return -ECONNRESET;
+        if (r < 0)
+            return (int)r;
+        *have += (size_t)r;
+    }
+}
+
+static void read_reply(struct rs_rc_qp *rc)
+{
+    size_t total = 0;
+    int r = read_frame(rc->fd, rc->mpa_in, &rc->mpa_have, true, &total);
+    if (r == 0)
+        return;
+    if (r < 0) {
+        connect_failed(rc, RS_RNIC_CM_EV_UNREACHABLE, r, NULL, 0, true);
+        return;
+    }
+    struct rs_mpa_frame rep;
+    r = rs_mpa_frame_parse(rc->mpa_in, total, true, &rep);
+    if (r == 0)
+        r = rs_mpa_initiator_negotiate(&rc->req, &rep, &rc->local, &rc->neg);
+    if (r == -ECONNREFUSED) {
+        /* The responder's application said no: its private data explains why. */
+        connect_failed(rc, RS_RNIC_CM_EV_REJECTED, -ECONNREFUSED, rep.pd, rep.pd_len, false);
+        return;
+    }
+    if (r != 0) {
+        RS_INFO("soft rc: qp %u unacceptable MPA Reply (rev %u, flags%s%s): %d", rc->qp->qpn, rep.rev,
+                rep.markers ? " M" : "", rep.crc ? " C" : "", r);
+        connect_failed(rc, RS_RNIC_CM_EV_UNREACHABLE, -EPROTO, NULL, 0, true);
+        return;
+    }
+    if (rc->timer)
+        rs_soft_timer_arm(rc->timer, 0);
+    rs_rc_enter_rts(rc);
+    rs_rc_push_event(rc, RS_RNIC_CM_EV_ESTABLISHED, 0, rep.pd, rep.pd_len);
+    rs_rc_tx_run(rc, true);
+    rs_rc_rx_run(rc);
+}
+
+struct connect_args {
+    struct rs_rc_qp *rc;
+    struct rs_soft_cm *cm;
+    const struct sockaddr *dst;
+    socklen_t len;
+    const void *pd;
+    uint32_t pd_len;
+    uint32_t timeout_ms;
+    int result;
+};
+
+static void connect_loop(void *arg)
+{
+    struct connect_args *a = arg;
+    struct rs_rc_qp *rc = a->rc;
+    if (rs_rc_conn(rc) != RS_RC_IDLE || rs_soft_qp_get_state(rc->qp) != RS_QPS_INIT) {
+        a->result = -EISCONN;
+        return;
+    }
+    int fd = rs_soft_sys_socket(a->dst->sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        a->result = fd;
+        return;
+    }
+    set_nodelay(fd);
+    rc->watch = rs_soft_watch_add(rc->dev, fd, RS_SOFT_EV_WRITE, rs_rc_io_cb, rc);
+    if (!rc->watch) {
+        rs_soft_sys_close(fd);
+        a->result = -ENOMEM;
+        return;
+    }
+    rc->watch_events = RS_SOFT_EV_WRITE;
+    rc->fd = fd;
+    memset(&rc->peer, 0, sizeof(rc->peer));
+    memcpy(&rc->peer, a->dst, a->len < sizeof(rc->peer) ? a->len : sizeof(rc->peer));
+    rc->peer_len = a->len;
+    rs_rc_apply_qos(rc);
+    if (a->pd_len)
+        memcpy(rc->req_pd, a->pd, a->pd_len);
+    rs_mpa_request_init(&rc->req, &rc->local, rc->req_pd, (uint16_t)a->pd_len);
+    rs_soft_cm_get(a->cm);
+    rc->cm = a->cm;
+    rc->active = true;
+    rc->mpa_have = 0;
+    rs_rc_set_conn(rc, RS_RC_CONNECTING);
+    rs_soft_qp_set_state(rc->qp, RS_QPS_CONNECTING);
+    a->result = 0;
+    rs_soft_timer_arm(rc->timer, a->timeout_ms ? a->timeout_ms : RS_RC_DEFAULT_CONNECT_TIMEOUT_MS);
+    int r = rs_soft_sys_connect(fd, a->dst, a->len);
+    if (r == 0)
+        connect_done(rc);
+    else if (r != -EINPROGRESS)
+        connect_failed(rc, event_for_errno(r), r, NULL, 0, true);   /* reported as an event, like a late failure */
+}
+
+int rs_rc_connect(struct rs_soft_qp *qp, struct rs_soft_cm *cm, const struct sockaddr *dst, socklen_t len,
+                  const void *private_data, uint32_t private_data_len, uint32_t timeout_ms)
+{
+    struct rs_rc_qp *rc = rs_rc(qp);
+    if (!rc || !cm || !addr_ok(dst, len) || (private_data_len && !private_data))
+        return -EINVAL;
+    if (private_data_len > qp->dev->base.caps.max_connect_private_data)
+        return -EMSGSIZE;
+    struct connect_args a = { rc, cm, dst, len, private_data, private_data_len, timeout_ms, 0 };
+    rs_soft_progress_call_sync(qp->dev, connect_loop, &a);
+    return a.result;
+}
+
+/* ---- the QP socket callback ---- */
+
+void rs_rc_io_cb(struct rs_soft_watch *w, int fd, unsigned revents, void *arg)
+{
+    (void)w;
+    (void)fd;
+    struct rs_rc_qp *rc = arg;
+    switch (rs_rc_conn(rc)) {
+    case RS_RC_CONNECTING:
+        if (revents & RS_SOFT_EV_WRITE)
+            connect_done(rc);
+        break;
+    case RS_RC_MPA_WAIT:
+        if (revents & RS_SOFT_EV_WRITE)
+            rs_rc_tx_run(rc, true);
+        if ((revents & RS_SOFT_EV_READ) && rs_rc_conn(rc) == RS_RC_MPA_WAIT)
+            read_reply(rc);
+        break;
+    case RS_RC_RTS:
+    case RS_RC_CLOSING:
+        if (revents & RS_SOFT_EV_READ)
+            rs_rc_rx_run(rc);
+        if (revents & RS_SOFT_EV_WRITE)
+            rs_rc_tx_run(rc, true);
+        rs_rc_close_progress(rc);
+        break;
+    case RS_RC_DRAINING: {
+        bool left = (revents & RS_SOFT_EV_WRITE) ? rs_rc_tx_flush_only(rc) : rc->tx_want_write;
+        if (!left && !rc->fin_sent && rc->fd >= 0) {
+            rs_soft_sys_shutdown(rc->fd, SHUT_WR);
+            rc->fin_sent = true;
+        }
+        if ((revents & RS_SOFT_EV_READ) && rs_rc_rx_discard(rc))
+            rs_rc_watch_update(rc);
+        if (rc->rx_eof && rc->fin_sent)
+            rs_rc_close_socket(rc, false);
+        break;
+    }
+    default:
+        break;
+    }
+}
+
+void rs_rc_timer_cb(struct rs_soft_timer *t, void *arg)
+{
+    (void)t;
+    struct rs_rc_qp *rc = arg;
+    switch (rs_rc_conn(rc)) {
+    case RS_RC_CONNECTING:
+    case RS_RC_MPA_WAIT:
+        connect_failed(rc, RS_RNIC_CM_EV_TIMEOUT, -ETIMEDOUT, NULL, 0, true);
+        break;
+    case RS_RC_CLOSING:
+        RS_DEBUG("soft rc: qp %u peer did not close in time", rc->qp->qpn);
+        finish_disconnect(rc, true);
+        break;
+    case RS_RC_DRAINING:
+        rs_rc_close_socket(rc, true);
+        break;
+    default:
+        break;
+    }
+}
+
+/* ---- disconnect ---- */
+
+struct simple_args {
+    struct rs_rc_qp *rc;
+    int result;
+};
+
+static void disconnect_loop(void *arg)
+{
+    struct simple_args *a = arg;
+    struct rs_rc_qp *rc = a->rc;
+    a->result = 0;
+    switch (rs_rc_conn(rc)) {
+    case RS_RC_IDLE:
+        a->result = -ENOTCONN;
+        break;
+    case RS_RC_CONNECTING:
+    case RS_RC_MPA_WAIT:
+        finish_disconnect(rc, true);
+        break;
+    case RS_RC_RTS:
+        pthread_mutex_lock(&rc->tx_lock);
+        rs_rc_set_conn(rc, RS_RC_CLOSING);
+        pthread_mutex_unlock(&rc->tx_lock);
+        rs_soft_qp_set_state(rc->qp, RS_QPS_CLOSING);
+        rc->disconnect_requested = true;
+        rs_soft_timer_arm(rc->timer, RS_RC_CLOSE_TIMEOUT_MS);
+        rs_rc_tx_run(rc, true);
+        rs_rc_close_progress(rc);
+        break;
+    case RS_RC_CLOSING:
+        if (!rc->disconnect_requested) {
+            rc->disconnect_requested = true;
+            rs_soft_timer_arm(rc->timer, RS_RC_CLOSE_TIMEOUT_MS);
+        }
+        rs_rc_close_progress(rc);
+        break;
+    default:
+        break;                          /* already failed or closed: the final event was reported */
+    }
+}
+
+int rs_rc_disconnect(struct rs_soft_qp *qp)
+{
+    struct rs_rc_qp *rc = rs_rc(qp);
+    struct simple_args a = { rc, 0 };
+    rs_soft_progress_call_sync(qp->dev, disconnect_loop, &a);
+    return a.result;
+}
+
+/* ---- passive side ---- */
+
+static void pending_close(struct rs_rc_pending *p, bool close_fd)
+{
+    struct rs_rc_listener *l = p->listener;
+    for (struct rs_rc_pending **pp = &l->pending; *pp; pp = &(*pp)->next) {
+        if (*pp == p) {
+            *pp = p->next;
+            break;
+        }
+    }
+    rs_soft_watch_del(p->watch);
+    rs_soft_timer_free(p->timer);
+    if (close_fd && p->fd >= 0)
+        rs_soft_sys_close(p->fd);
+    free(p);
+}
+
+static void reject_and_close(int fd, const struct rs_mpa_frame *req, const struct rs_mpa_local *local)
+{
+    struct rs_mpa_frame rep;
+    rs_mpa_reply_init(&rep, req, local, NULL, true, NULL, 0);
+    send_frame(fd, &rep);
+    rs_soft_sys_shutdown(fd, SHUT_WR);
+    rs_soft_sys_close(fd);
+}
+
+/* A whole Request arrived on p: refuse it here, or hand it to the application. */
+static void pending_request(struct rs_rc_pending *p, size_t total)
+{
+    struct rs_rc_listener *l = p->listener;
+    struct rs_rc_request *rq = calloc(1, sizeof(*rq));
+    if (!rq) {
+        pending_close(p, true);
+        return;
+    }
+    memcpy(rq->buf, p->buf, total);
+    rq->len = total;
+    int r = rs_mpa_frame_parse(rq->buf, total, false, &rq->req);
+    if (r != 0 && r != -EPROTONOSUPPORT) {
+        free(rq);
+        pending_close(p, true);
+        return;
+    }
+    int fd = p->fd;
+    p->fd = -1;
+    struct sockaddr_storage peer = p->peer;
+    pending_close(p, false);
+    uint8_t ecode = 0;
+    if (r == 0)
+        r = rs_mpa_responder_negotiate(&rq->req, &l->local, &rq->neg, &ecode);
+    if (r == 0 && rq->req.pd_len > l->dev->base.caps.max_connect_private_data) {
+        RS_INFO("soft rc: MPA Request with %u bytes of private data refused (at most %u)", rq->req.pd_len,
+                l->dev->base.caps.max_connect_private_data);
+        r = -EMSGSIZE;
+    }
+    if (r != 0) {
+        RS_INFO("soft rc: MPA Request refused (rev %u%s): %d", rq->req.rev, rq->req.markers ? ", markers wanted" : "",
+                r);
+        reject_and_close(fd, &rq->req, &l->local);
+        free(rq);
+        return;
+    }
+    rq->base.rnic = &l->dev->base;
+    rq->dev = l->dev;
+    rq->fd = fd;
+    rq->peer = peer;
+    rq->local = l->local;
+    struct rs_rnic_cm_event ev;
+    memset(&ev, 0, sizeof(ev));
+    ev.type = RS_RNIC_CM_EV_CONNECT_REQUEST;
+    ev.listener = &l->base;
+    ev.request = &rq->base;
+    ev.peer = peer;
+    ev.private_data_len = rq->req.pd_len;
+    if (rq->req.pd_len)
+        memcpy(ev.private_data, rq->req.pd, rq->req.pd_len);
+    if (rs_soft_cm_push(l->cm, &ev) != 0) {
+        rs_soft_sys_close(fd);
+        free(rq);
+    }
+}
+
+static void pending_cb(struct rs_soft_watch *w, int fd, unsigned revents, void *arg)
+{
+    (void)w;
+    (void)fd;
+    (void)revents;
+    struct rs_rc_pending *p = arg;
+    size_t total = 0;
+    int r = read_frame(p->fd, p->buf, &p->have, false, &total);
+    if (r == 0)
+        return;
+    if (r < 0) {
+        RS_DEBUG("soft rc: incoming connection dropped before its MPA Request: %d", r);
+        pending_close(p, true);
+        return;
+    }
+    pending_request(p, total);
+}
+
+static void pending_timer_cb(struct rs_soft_timer *t, void *arg)
+{
+    (void)t;
+    struct rs_rc_pending *p = arg;
+    RS_DEBUG("soft rc: incoming connection sent no MPA Request in time");
+    pending_close(p, true);
+}
+
+static void listener_cb(struct rs_soft_watch *w, int fd, unsigned revents, void *arg)
+{
+    (void)w;
+    (void)revents;
+    struct rs_rc_listener *l = arg;
+    for (int i = 0; i < 16; i++) {
+        struct sockaddr_storage peer;
+        socklen_t plen = sizeof(peer);
+        int nfd = rs_soft_sys_accept4(fd, (struct sockaddr *)&peer, &plen, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (nfd < 0)
+            return;
+        set_nodelay(nfd);
+        struct rs_rc_pending *p = calloc(1, sizeof(*p));
+        if (!p) {
+            rs_soft_sys_close(nfd);
+            continue;
+        }
+        p->listener = l;
+        p->fd = nfd;
+        p->peer = peer;
+        p->watch = rs_soft_watch_add(l->dev, nfd, RS_SOFT_EV_READ, pending_cb, p);
+        p->timer = rs_soft_timer_new(l->dev, pending_timer_cb, p);
+        if (!p->watch || !p->timer) {
+            rs_soft_watch_del(p->watch);
+            rs_soft_timer_free(p->timer);
+            rs_soft_sys_close(nfd);
+            free(p);
+            continue;
+        }
+        rs_soft_timer_arm(p->timer, RS_RC_MPA_REQUEST_TIMEOUT_MS);
+        p->next = l->pending;
+        l->pending = p;
+    }
+}
+
+int rs_rc_listen(struct rs_soft_cm *cm, const struct sockaddr *addr, socklen_t len, int backlog,
+                 struct rs_rnic_listener **out)
+{
+    if (!cm || !addr_ok(addr, len))
+        return -EINVAL;
+    struct rs_rc_listener *l = calloc(1, sizeof(*l));
+    if (!l)
+        return -ENOMEM;
+    int fd = rs_soft_sys_socket(addr->sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        free(l);
+        return fd;
+    }
+    int one = 1;
+    (void)rs_soft_sys_setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    int r = rs_soft_sys_bind(fd, addr, len);
+    if (r == 0)
+        r = rs_soft_sys_listen(fd, backlog > 0 ? backlog : 128);
+    if (r != 0) {
+        rs_soft_sys_close(fd);
+        free(l);
+        return r;
+    }
+    l->base.rnic = cm->base.rnic;
+    l->dev = cm->dev;
+    l->cm = cm;
+    l->fd = fd;
+    l->local = default_local(cm->dev);
+    rs_soft_cm_get(cm);
+    l->watch = rs_soft_watch_add(cm->dev, fd, RS_SOFT_EV_READ, listener_cb, l);
+    if (!l->watch) {
+        rs_soft_cm_put(cm);
+        rs_soft_sys_close(fd);
+        free(l);
+        return -ENOMEM;
+    }
+    *out = &l->base;
+    return 0;
+}
+
+int rs_rc_listener_addr(const struct rs_rnic_listener *listener, struct sockaddr_storage *out)
+{
+    const struct rs_rc_listener *l = (const struct rs_rc_listener *)listener;
+    socklen_t len = sizeof(*out);
+    memset(out, 0, sizeof(*out));
+    return rs_soft_sys_getsockname(l->fd, (struct sockaddr *)out, &len);
+}
+
+static void listener_close_loop(void *arg)
+{
+    struct rs_rc_listener *l = arg;
+    rs_soft_watch_del(l->watch);
+    l->watch = NULL;
+    while (l->pending)
+        pending_close(l->pending, true);
+    rs_soft_sys_close(l->fd);
+    l->fd = -1;
+}
+
+void rs_rc_listener_close(struct rs_rnic_listener *listener)
+{
+    struct rs_rc_listener *l = (struct rs_rc_listener *)listener;
+    if (!l)
+        return;
+    rs_soft_progress_call_sync(l->dev, listener_close_loop, l);
+    rs_soft_cm_put(l->cm);
+    free(l);
+}
+
+/* ---- accept / reject ---- */
+
+struct accept_args {
+    struct rs_rc_request *rq;
+    struct rs_rc_qp *rc;
+    struct rs_soft_cm *cm;
+    const void *pd;
+    uint32_t pd_len;
+    int result;
+};
+
+static void accept_loop(void *arg)
+{
+    struct accept_args *a = arg;
+    struct rs_rc_qp *rc = a->rc;
+    struct rs_rc_request *rq = a->rq;
+    if (rs_rc_conn(rc) != RS_RC_IDLE || rs_soft_qp_get_state(rc->qp) != RS_QPS_INIT) {
+        a->result = -EISCONN;
+        return;
+    }
+    rc->watch = rs_soft_watch_add(rc->dev, rq->fd, RS_SOFT_EV_READ, rs_rc_io_cb, rc);
+    if (!rc->watch) {
+        a->result = -ENOMEM;
+        return;
+    }
+    rc->watch_events = RS_SOFT_EV_READ;
+    rc->fd = rq->fd;
+    rq->fd = -1;
+    rc->peer = rq->peer;
+    rc->peer_len = sizeof(rc->peer);
+    rc->neg = rq->neg;
+    rc->active = false;
+    rs_rc_apply_qos(rc);
+    struct rs_mpa_frame rep;
+    rs_mpa_reply_init(&rep, &rq->req, &rq->local, &rq->neg, false, a->pd, (uint16_t)a->pd_len);
+    uint8_t frame[RS_MPA_REQREP_MAX];
+    int n = rs_mpa_frame_encode(&rep, frame, sizeof(frame));
+    pthread_mutex_lock(&rc->tx_lock);
+    /* The Reply is the first thing on the wire: FPDUs are only built after the raw bytes went out. */
+    if (n > 0)
+        rs_rc_tx_queue_raw(rc, frame, (size_t)n);
+    pthread_mutex_unlock(&rc->tx_lock);
+    rs_soft_cm_get(a->cm);
+    rc->cm = a->cm;
+    rs_rc_enter_rts(rc);
+    rs_rc_push_event(rc, RS_RNIC_CM_EV_ESTABLISHED, 0, NULL, 0);
+    rs_rc_tx_run(rc, true);
+    a->result = 0;
+}
+
+int rs_rc_accept(struct rs_rnic_conn_request *request, struct rs_soft_qp *qp, struct rs_soft_cm *cm,
+                 const void *private_data, uint32_t private_data_len)
+{
+    struct rs_rc_request *rq = (struct rs_rc_request *)request;
+    struct rs_rc_qp *rc = rs_rc(qp);
+    if (!rq || !rc || !cm || (private_data_len && !private_data))
+        return -EINVAL;
+    if (private_data_len > qp->dev->base.caps.max_accept_private_data)
+        return -EMSGSIZE;
+    struct accept_args a = { rq, rc, cm, private_data, private_data_len, 0 };
+    rs_soft_progress_call_sync(qp->dev, accept_loop, &a);
+    if (a.result == 0)
+        free(rq);
+    return a.result;
+}
+
+struct reject_args {
+    struct rs_rc_request *rq;
+    const void *pd;
+    uint32_t pd_len;
+};
+
+static void reject_loop(void *arg)
+{
+    struct reject_args *a = arg;
+    struct rs_rc_request *rq = a->rq;
+    struct rs_mpa_frame rep;
+    rs_mpa_reply_init(&rep, &rq->req, &rq->local, NULL, true, a->pd, (uint16_t)a->pd_len);
+    send_frame(rq->fd, &rep);
+    /* Orderly close: the Request was read whole, so the FIN follows the Reply and nothing is reset. */
+    rs_soft_sys_shutdown(rq->fd, SHUT_WR);
+    rs_soft_sys_close(rq->fd);
+    rq->fd = -1;
+}
+
+int rs_rc_reject(struct rs_rnic_conn_request *request, const void *private_data, uint32_t private_data_len)
+{
+    struct rs_rc_request *rq = (struct rs_rc_request *)request;
+    if (!rq || (private_data_len && !private_data))
+        return -EINVAL;
+    if (private_data_len > rq->dev->base.caps.max_accept_private_data)
+        return -EMSGSIZE;
+    struct reject_args a = { rq, private_data, private_data_len };
+    rs_soft_progress_call_sync(rq->dev, reject_loop, &a);
+    free(rq);
+    return 0;
+}
+
+void rs_rc_request_discard(struct rs_rnic_conn_request *request)
+{
+    struct rs_rc_request *rq = (struct rs_rc_request *)request;
+    if (!rq)
+        return;
+    if (rq->fd >= 0)
+        rs_soft_sys_close(rq->fd);
+    free(rq);
+}

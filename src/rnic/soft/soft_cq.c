@@ -1,0 +1,236 @@
+/*
+ * soft_cq.c: completion queues of the soft RNIC: a ring of work completions under a mutex, an eventfd for
+ * notification, and the list of QPs using the CQ (to fail them on overflow and to run their timeouts lazily when
+ * the CQ is polled: a UD READ or a Write-Record whose data never comes is reported on the next poll even if the
+ * progress thread's timer has not fired yet, so polling never waits forever).
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+
+#include "common/log.h"
+#include "rnic/soft/soft.h"
+
+int rs_soft_create_cq(struct rs_rnic *rnic, uint32_t depth, struct rs_rnic_cq **out)
+{
+    if (depth == 0 || depth > RS_SOFT_MAX_CQE)
+        return -EINVAL;
+    struct rs_soft_cq *cq = calloc(1, sizeof(*cq));
+    if (!cq)
+        return -ENOMEM;
+    cq->ring = calloc(depth, sizeof(*cq->ring));
+    if (!cq->ring) {
+        free(cq);
+        return -ENOMEM;
+    }
+    cq->event_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (cq->event_fd < 0) {
+        int err = -errno;
+        free(cq->ring);
+        free(cq);
+        return err;
+    }
+    cq->base.rnic = rnic;
+    cq->dev = rs_soft_dev(rnic);
+    cq->depth = depth;
+    pthread_mutex_init(&cq->lock, NULL);
+    pthread_mutex_init(&cq->attach_lock, NULL);
+    *out = &cq->base;
+    return 0;
+}
+
+static void barrier_fn(void *arg) { (void)arg; }
+
+int rs_soft_destroy_cq(struct rs_rnic_cq *pcq)
+{
+    struct rs_soft_cq *cq = rs_soft_cq(pcq);
+    pthread_mutex_lock(&cq->attach_lock);
+    uint32_t users = cq->attached_count;
+    pthread_mutex_unlock(&cq->attach_lock);
+    if (users)
+        return -EBUSY;
+    /* An overflow handler queued on the progress thread may still name this CQ: let it run first. */
+    rs_soft_progress_call_sync(cq->dev, barrier_fn, NULL);
+    rs_soft_sys_close(cq->event_fd);
+    pthread_mutex_destroy(&cq->lock);
+    pthread_mutex_destroy(&cq->attach_lock);
+    free(cq->attached);
+    free(cq->ring);
+    free(cq);
+    return 0;
+}
+
+int rs_soft_cq_fd(const struct rs_rnic_cq *pcq)
+{
+    return ((const struct rs_soft_cq *)pcq)->event_fd;
+}
+
+static void signal_fd(struct rs_soft_cq *cq)
+{
+    uint64_t one = 1;
+    /* EAGAIN only when the counter is saturated, i.e. already readable. */
+    (void)rs_soft_sys_write(cq->event_fd, &one, sizeof(one));
+}
+
+int rs_soft_cq_arm(struct rs_rnic_cq *pcq, bool solicited_only)
+{
+    struct rs_soft_cq *cq = rs_soft_cq(pcq);
+    pthread_mutex_lock(&cq->lock);
+    if (cq->armed)
+        cq->armed_solicited_only = cq->armed_solicited_only && solicited_only;
+    else
+        cq->armed_solicited_only = solicited_only;
+    cq->armed = true;
+    pthread_mutex_unlock(&cq->lock);
+    return 0;
+}
+
+void rs_soft_cq_ack_events(struct rs_rnic_cq *pcq)
+{
+    struct rs_soft_cq *cq = rs_soft_cq(pcq);
+    uint64_t value;
+    (void)rs_soft_sys_read(cq->event_fd, &value, sizeof(value));
+}
+
+/* ---- attachment, overflow ---- */
+
+int rs_soft_cq_attach(struct rs_soft_cq *cq, struct rs_soft_qp *qp)
+{
+    pthread_mutex_lock(&cq->attach_lock);
+    if (cq->attached_count == cq->attached_capacity) {
+        uint32_t cap = cq->attached_capacity ? cq->attached_capacity * 2 : 4;
+        struct rs_soft_qp **list = realloc(cq->attached, cap * sizeof(*list));
+        if (!list) {
+            pthread_mutex_unlock(&cq->attach_lock);
+            return -ENOMEM;
+        }
+        cq->attached = list;
+        cq->attached_capacity = cap;
+    }
+    cq->attached[cq->attached_count++] = qp;
+    pthread_mutex_unlock(&cq->attach_lock);
+    return 0;
+}
+
+void rs_soft_cq_detach(struct rs_soft_cq *cq, struct rs_soft_qp *qp)
+{
+    pthread_mutex_lock(&cq->attach_lock);
+    for (uint32_t i = 0; i < cq->attached_count; i++) {
+        if (cq->attached[i] == qp) {
+            cq->attached[i] = cq->attached[--cq->attached_count];
+            break;
+        }
+    }
+    pthread_mutex_unlock(&cq->attach_lock);
+}
+
+/* Progress thread: fail every QP of an overflowed CQ. attach_lock keeps them alive (destroy detaches first). */
+static void overflow_fn(void *arg)
+{
+    struct rs_soft_cq *cq = arg;
+    pthread_mutex_lock(&cq->attach_lock);
+    for (uint32_t i = 0; i < cq->attached_count; i++)
+        rs_soft_qp_enter_error(cq->attached[i]);
+    pthread_mutex_unlock(&cq->attach_lock);
+}
+
+int rs_soft_cq_push(struct rs_soft_cq *cq, const struct rs_rnic_wc *wc)
+{
+    pthread_mutex_lock(&cq->lock);
+    if (cq->overflowed) {
+        pthread_mutex_unlock(&cq->lock);
+        return -EOVERFLOW;
+    }
+    if (cq->count == cq->depth) {
+        cq->overflowed = true;
+        pthread_mutex_unlock(&cq->lock);
+        RS_SOFT_STAT(cq->dev, cq_overflows, 1);
+        RS_WARN("soft rnic: completion queue of depth %u overflowed; its QPs go to ERROR", cq->depth);
+        signal_fd(cq);      /* a waiter must learn about it even if not armed */
+        if (rs_soft_progress_call(cq->dev, overflow_fn, cq) != 0)
+            RS_ERROR("soft rnic: cannot queue the overflow handling (out of memory)");
+        return -EOVERFLOW;
+    }
+    cq->ring[(cq->head + cq->count) % cq->depth] = *wc;
+    cq->count++;
+    bool notify = cq->armed &&
+                  (!cq->armed_solicited_only || (wc->flags & RS_WC_SOLICITED) || wc->status != RS_WC_SUCCESS);
+    if (notify)
+        cq->armed = false;
+    pthread_mutex_unlock(&cq->lock);
+    if (notify)
+        signal_fd(cq);
+    return 0;
+}
+
+/* ---- lazy timeouts ---- */
+
+static void lower_deadline(uint64_t *slot, uint64_t deadline_ns)
+{
+    uint64_t cur = __atomic_load_n(slot, __ATOMIC_ACQUIRE);
+    while (cur == 0 || deadline_ns < cur) {
+        if (__atomic_compare_exchange_n(slot, &cur, deadline_ns, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+            return;
+    }
+}
+
+void rs_soft_cq_note_deadline(struct rs_soft_cq *cq, uint64_t deadline_ns)
+{
+    if (deadline_ns)
+        lower_deadline(&cq->next_deadline_ns, deadline_ns);
+}
+
+void rs_soft_qp_note_deadline(struct rs_soft_qp *qp, uint64_t deadline_ns)
+{
+    if (!deadline_ns)
+        return;
+    lower_deadline(&qp->next_deadline_ns, deadline_ns);
+    if (qp->send_cq)
+        rs_soft_cq_note_deadline(qp->send_cq, deadline_ns);
+    if (qp->recv_cq && qp->recv_cq != qp->send_cq)
+        rs_soft_cq_note_deadline(qp->recv_cq, deadline_ns);
+}
+
+/* Runs the due timeouts of the CQ's QPs, then recomputes the CQ's earliest deadline. */
+static void run_due_timeouts(struct rs_soft_cq *cq)
+{
+    uint64_t due = __atomic_load_n(&cq->next_deadline_ns, __ATOMIC_ACQUIRE);
+    if (!due)
+        return;
+    uint64_t now = rs_soft_now_ns();
+    if (now < due)
+        return;
+    pthread_mutex_lock(&cq->attach_lock);
+    __atomic_store_n(&cq->next_deadline_ns, 0, __ATOMIC_RELEASE);
+    for (uint32_t i = 0; i < cq->attached_count; i++) {
+        struct rs_soft_qp *qp = cq->attached[i];
+        uint64_t qd = __atomic_load_n(&qp->next_deadline_ns, __ATOMIC_ACQUIRE);
+        if (qd && qd <= now)
+            rs_soft_qp_expire(qp, now);     /* re-notes what is still pending */
+        else if (qd)
+            rs_soft_cq_note_deadline(cq, qd);
+    }
+    pthread_mutex_unlock(&cq->attach_lock);
+}
+
+int rs_soft_poll_cq(struct rs_rnic_cq *pcq, int n, struct rs_rnic_wc *wc)
+{
+    struct rs_soft_cq *cq = rs_soft_cq(pcq);
+    if (n < 0)
+        return -EINVAL;
+    run_due_timeouts(cq);
+    pthread_mutex_lock(&cq->lock);
+    if (cq->overflowed) {
+        pthread_mutex_unlock(&cq->lock);
+        return -EOVERFLOW;
+    }
+    int got = 0;
+    while (got < n && cq->count > 0) {
+        wc[got++] = cq->ring[cq->head];
+        cq->head = (cq->head + 1) % cq->depth;
+        cq->count--;
+    }
+    pthread_mutex_unlock(&cq->lock);
+    return got;
+}
