@@ -18,7 +18,7 @@ DissectorTable.get("udp.port"):add($a, ddp)
 DissectorTable.get("udp.port"):add($b, ddp)
 LUA
 
-tcpdump -i lo --immediate-mode -U -w "$scratch/ud.pcap" "udp and (port $a or port $b)" 2>"$scratch/tcpdump.err" &
+tcpdump -i lo --immediate-mode -B 32768 -U -w "$scratch/ud.pcap" "udp and (port $a or port $b)" 2>"$scratch/tcpdump.err" &
 dump=$!
 for _ in $(seq 100); do grep -q 'listening on' "$scratch/tcpdump.err" && break; sleep 0.05; done
 if "$demo" $a $b >"$scratch/demo.out" 2>&1; then demo_ok=1; else demo_ok=0; fi

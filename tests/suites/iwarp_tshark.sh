@@ -24,15 +24,18 @@ TS=(tshark -o tcp.try_heuristic_first:TRUE --disable-heuristic rpcrdma_iwarp)
 # capture NAME DEMO_ARGS...: runs the demo under tcpdump on lo; sets port; leaves $scratch/NAME.{pcap,out}.
 capture() {
   local name=$1; shift
-  # All TCP on lo: the demo picks a free port itself, tshark then keeps only that connection.
-  tcpdump -i lo -U --immediate-mode -s 0 -w "$scratch/$name.pcap" tcp 2>"$scratch/$name.tcpdump" &
+  # Only the demo's port, with a large buffer: other programs' loopback traffic (benchmarks, other suites) must not
+  # crowd the demo's frames out of the capture buffer.
+  local want_port=$(( 20000 + RANDOM % 20000 ))
+  tcpdump -i lo -U --immediate-mode -B 32768 -s 0 -w "$scratch/$name.pcap" "tcp port $want_port" \
+    2>"$scratch/$name.tcpdump" &
   capture_pid=$!
   for _ in $(seq 100); do grep -q listening "$scratch/$name.tcpdump" && break; sleep 0.05; done
   if ! grep -q listening "$scratch/$name.tcpdump"; then
     kill "$capture_pid" 2>/dev/null; wait "$capture_pid" 2>/dev/null; capture_pid=
     return 2
   fi
-  "$demo" "$@" >"$scratch/$name.out" 2>&1
+  "$demo" --port "$want_port" "$@" >"$scratch/$name.out" 2>&1
   local rc=$?
   sleep 0.3
   kill -INT "$capture_pid"; wait "$capture_pid" 2>/dev/null; capture_pid=
