@@ -100,6 +100,8 @@ deps-build:
 	@tools/deps.sh build
 deps-check:
 	@tools/deps.sh build check vm
+deps-bench:
+	@tools/deps.sh build bench
 deps-demo:
 	@tools/deps.sh build vm
 
@@ -111,7 +113,7 @@ demo: deps-demo
 	@$(MAKE) --no-print-directory all
 	@tools/vm/demo
 
-bench: deps-build
+bench: deps-bench
 	@$(MAKE) --no-print-directory all $(BENCH_BINS)
 	@RS_BUILD=$(abspath $(BUILD)) bench/run
 

@@ -8,7 +8,7 @@ declare -A GROUP=(
   [build]="gcc make pkg-config libibverbs-dev librdmacm-dev libev-dev uthash-dev libcmocka-dev"
   [check]="clang libclang-rt-14-dev valgrind groff-base man-db tshark tcpdump iproute2 procps psmisc socat"
   [vm]="qemu-system-x86 busybox-static cpio kmod iproute2 rdma-core ibverbs-providers ibverbs-utils rdmacm-utils perftest tcpdump tshark"
-  [bench]="gcc"
+  [bench]="gcc gnuplot-nox"
 )
 
 want=()

@@ -135,6 +135,44 @@ static void overflow_fn(void *arg)
     pthread_mutex_unlock(&cq->attach_lock);
 }
 
+/* ---- notification deferred to the end of a progress callback (soft.h) ---- */
+
+#define DEFER_MAX 16                /* distinct CQs one callback can notify late; more are notified at once */
+
+/* Thread-local: only the progress thread ever turns deferral on, and only around one callback, so the list is
+ * empty whenever anything else (a CQ being destroyed, an overflow handler) runs on that thread. */
+static __thread bool defer_on;
+static __thread unsigned defer_count;
+static __thread struct rs_soft_cq *defer_list[DEFER_MAX];
+
+void rs_soft_cq_defer_begin(void)
+{
+    defer_on = true;
+}
+
+void rs_soft_cq_defer_end(void)
+{
+    defer_on = false;
+    for (unsigned i = 0; i < defer_count; i++)
+        signal_fd(defer_list[i]);
+    defer_count = 0;
+}
+
+/* The armed notification of cq fired: write its fd now, or at the end of the current progress callback. */
+static void notify(struct rs_soft_cq *cq)
+{
+    if (defer_on) {
+        for (unsigned i = 0; i < defer_count; i++)
+            if (defer_list[i] == cq)
+                return;
+        if (defer_count < DEFER_MAX) {
+            defer_list[defer_count++] = cq;
+            return;
+        }
+    }
+    signal_fd(cq);
+}
+
 int rs_soft_cq_push(struct rs_soft_cq *cq, const struct rs_rnic_wc *wc)
 {
     pthread_mutex_lock(&cq->lock);
@@ -154,13 +192,13 @@ int rs_soft_cq_push(struct rs_soft_cq *cq, const struct rs_rnic_wc *wc)
     }
     cq->ring[(cq->head + cq->count) % cq->depth] = *wc;
     cq->count++;
-    bool notify = cq->armed &&
-                  (!cq->armed_solicited_only || (wc->flags & RS_WC_SOLICITED) || wc->status != RS_WC_SUCCESS);
-    if (notify)
+    bool wake = cq->armed &&
+                (!cq->armed_solicited_only || (wc->flags & RS_WC_SOLICITED) || wc->status != RS_WC_SUCCESS);
+    if (wake)
         cq->armed = false;
     pthread_mutex_unlock(&cq->lock);
-    if (notify)
-        signal_fd(cq);
+    if (wake)
+        notify(cq);
     return 0;
 }
 

@@ -228,8 +228,12 @@ static void io_cb(struct ev_loop *loop, ev_io *io, int revents)
     (void)loop;
     struct rs_soft_watch *w = (struct rs_soft_watch *)io;
     unsigned r = ((revents & EV_READ) ? RS_SOFT_EV_READ : 0) | ((revents & EV_WRITE) ? RS_SOFT_EV_WRITE : 0);
-    if (!w->deleted)
+    if (!w->deleted) {
+        /* Completions this turn produces wake their waiters once, after it (soft.h). */
+        rs_soft_cq_defer_begin();
         w->cb(w, w->fd, r, w->arg);
+        rs_soft_cq_defer_end();
+    }
 }
 
 static void watch_apply(void *arg)
