@@ -31,51 +31,9 @@
 
 #include "common/crc32c.h"
 #include "rnic/rnic.h"
+#include "rnic_test_util.h"
 #include "rnic/soft/soft.h"
 #include "rnic/soft/ud.h"
-
-static int test_kind(void)
-{
-    const char *k = getenv("RS_RNIC_KIND");
-    return k && strcmp(k, "verbs") == 0 ? RS_RNIC_KIND_VERBS : RS_RNIC_KIND_SOFT;
-}
-
-static bool is_soft(void) { return test_kind() == RS_RNIC_KIND_SOFT; }
-
-static struct sockaddr_in test_addr(uint16_t port)
-{
-    struct sockaddr_in a;
-    memset(&a, 0, sizeof(a));
-    a.sin_family = AF_INET;
-    a.sin_port = htons(port);
-    const char *s = getenv("RS_TEST_ADDR");
-    assert_int_equal(inet_pton(AF_INET, s && *s ? s : "127.0.0.1", &a.sin_addr), 1);
-    return a;
-}
-
-static uint64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
-
-static void sleep_ms(unsigned ms)
-{
-    struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000L };
-    nanosleep(&ts, NULL);
-}
-
-static int wait_wc(struct rs_rnic_cq *cq, unsigned timeout_ms, struct rs_rnic_wc *wc)
-{
-    uint64_t end = now_ms() + timeout_ms;
-    for (;;) {
-        int n = rs_rnic_poll_cq(cq, 1, wc);
-        if (n != 0 || now_ms() >= end)
-            return n;
-        sleep_ms(1);
-    }
-}
 
 static bool fd_readable(int fd, int timeout_ms)
 {

@@ -32,6 +32,7 @@
 #include <cmocka.h>
 
 #include "rnic/rnic.h"
+#include "rnic_test_util.h"
 
 #define GUARD 64
 #define CANARY 0xa5
@@ -47,13 +48,6 @@ static const char *rnic_addr(void)
 {
     const char *a = getenv("RS_RNIC_ADDR");
     return a && *a ? a : "127.0.0.1";
-}
-
-static uint64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
 }
 
 static struct sockaddr_in local_sockaddr(uint16_t port)
@@ -101,15 +95,6 @@ static void gbuf_fini(struct gbuf *b)
         assert_int_equal(rs_rnic_dereg_mr(b->mr), 0);
     free(b->raw);
     memset(b, 0, sizeof(*b));
-}
-
-static void fill_pattern(uint8_t *p, size_t len, uint32_t seed)
-{
-    uint32_t x = seed * 2654435761u + 1;
-    for (size_t i = 0; i < len; i++) {
-        x = x * 1103515245u + 12345u;
-        p[i] = (uint8_t)(x >> 16);
-    }
 }
 
 /* ---- connection fixture ---- */

@@ -30,66 +30,10 @@
 
 #include "common/crc32c.h"
 #include "rnic/rnic.h"
+#include "rnic_test_util.h"
 #include "rnic/soft/soft.h"     /* only rs_soft_test_set_drop, the TEST ONLY loss knob (soft provider) */
 
 /* ---- environment ---- */
-
-static int test_kind(void)
-{
-    const char *k = getenv("RS_RNIC_KIND");
-    if (k && strcmp(k, "verbs") == 0)
-        return RS_RNIC_KIND_VERBS;
-    return RS_RNIC_KIND_SOFT;
-}
-
-static bool is_soft(void) { return test_kind() == RS_RNIC_KIND_SOFT; }
-
-static struct sockaddr_in test_addr(uint16_t port)
-{
-    struct sockaddr_in a;
-    memset(&a, 0, sizeof(a));
-    a.sin_family = AF_INET;
-    a.sin_port = htons(port);
-    const char *s = getenv("RS_TEST_ADDR");
-    assert_int_equal(inet_pton(AF_INET, s && *s ? s : "127.0.0.1", &a.sin_addr), 1);
-    return a;
-}
-
-static uint64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
-
-static void sleep_ms(unsigned ms)
-{
-    struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000L };
-    nanosleep(&ts, NULL);
-}
-
-/* Polls until one completion arrives or timeout_ms passes; returns 1 or 0 (or the poll error). */
-static int wait_wc(struct rs_rnic_cq *cq, unsigned timeout_ms, struct rs_rnic_wc *wc)
-{
-    uint64_t end = now_ms() + timeout_ms;
-    for (;;) {
-        int n = rs_rnic_poll_cq(cq, 1, wc);
-        if (n != 0)
-            return n;
-        if (now_ms() >= end)
-            return 0;
-        sleep_ms(1);
-    }
-}
-
-static void fill_pattern(uint8_t *p, size_t len, uint32_t seed)
-{
-    uint32_t x = seed * 2654435761u + 1;
-    for (size_t i = 0; i < len; i++) {
-        x = x * 1103515245u + 12345u;
-        p[i] = (uint8_t)(x >> 16);
-    }
-}
 
 /* ---- a UD endpoint ---- */
 
