@@ -30,6 +30,7 @@ TEST_LDLIBS := -lcmocka $(LIB_LDLIBS)
 SRCS        := $(sort $(shell find src -name '*.c'))
 OBJS        := $(SRCS:%.c=$(BUILD)/obj/%.o)
 HEADERS     := $(sort $(shell find src include -name '*.h'))
+TEST_HEADERS := $(sort $(wildcard tests/unit/*.h))
 LIB_SO      := $(BUILD)/librdmasock.so
 LIB_A       := $(BUILD)/librdmasock.a
 CLI_SRCS    := $(sort $(wildcard tools/cli/*.c))
@@ -72,7 +73,7 @@ $(PERF): $(PERF_SRCS) $(LIB_A) $(HEADERS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(CFLAGS) -o $@ $(PERF_SRCS) $(LIB_A) $(LIB_LDLIBS)
 
-$(BUILD)/tests/unit/%: tests/unit/%.c $(LIB_A) $(HEADERS)
+$(BUILD)/tests/unit/%: tests/unit/%.c $(LIB_A) $(HEADERS) $(TEST_HEADERS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(CFLAGS) -o $@ $< $(LIB_A) $(TEST_LDLIBS)
 

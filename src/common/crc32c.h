@@ -9,8 +9,12 @@
  * and rs_crc32c(0, 32 zero bytes, 32) == 0x8a9136aa (RFC 3720 B.4).
  *
  * The SSE4.2 crc32 instruction is used when the CPU has it (checked once at
- * run time); otherwise a slicing-by-8 table implementation. Both are safe to
- * call from any thread and from signal handlers.
+ * run time): for buffers of a few hundred bytes and more in several
+ * independent chains merged with pclmul when the CPU also has pclmul, and
+ * from 512 bytes with 512-bit carry-less folding running alongside such
+ * chains when it has AVX-512 and VPCLMULQDQ; without SSE4.2 a slicing-by-8
+ * table implementation. All are safe to call from any thread and from signal
+ * handlers.
  */
 #ifndef RS_COMMON_CRC32C_H
 #define RS_COMMON_CRC32C_H
@@ -31,10 +35,19 @@ void rs_crc32c_wire_put(uint8_t out[4], uint32_t crc);
 /* Inverse of rs_crc32c_wire_put, for checking a received CRC. */
 uint32_t rs_crc32c_wire_get(const uint8_t in[4]);
 
-/* Individual implementations, for tests and benchmarks. rs_crc32c_hw must
- * only be called when rs_crc32c_hw_available() is true. */
+/* Individual implementations, for tests and benchmarks. rs_crc32c_hw (one
+ * chain of crc32 instructions) must only be called when
+ * rs_crc32c_hw_available() is true, rs_crc32c_hw_lanes (several chains merged
+ * with pclmul; one chain below a few hundred bytes) only when
+ * rs_crc32c_hw_lanes_available() is true, rs_crc32c_hw_fold (folding with
+ * VPCLMULQDQ next to lanes; the lanes below 512 bytes) only when
+ * rs_crc32c_hw_fold_available() is true. rs_crc32c uses the fastest one. */
 uint32_t rs_crc32c_sw(uint32_t crc, const void *buf, size_t len);
 uint32_t rs_crc32c_hw(uint32_t crc, const void *buf, size_t len);
 bool rs_crc32c_hw_available(void);
+uint32_t rs_crc32c_hw_lanes(uint32_t crc, const void *buf, size_t len);
+bool rs_crc32c_hw_lanes_available(void);
+uint32_t rs_crc32c_hw_fold(uint32_t crc, const void *buf, size_t len);
+bool rs_crc32c_hw_fold_available(void);
 
 #endif /* RS_COMMON_CRC32C_H */

@@ -23,6 +23,7 @@ struct rs_rnic_cm { struct rs_rnic *rnic; };
 struct rs_rnic_listener { struct rs_rnic *rnic; };
 struct rs_rnic_conn_request { struct rs_rnic *rnic; };
 struct rs_rnic_ud_peer { struct rs_rnic *rnic; };
+struct rs_rnic_xrcd { struct rs_rnic *rnic; };
 
 /* One entry per rnic.h call, same arguments and meaning (see rnic.h). */
 struct rs_rnic_ops {
@@ -58,6 +59,17 @@ struct rs_rnic_ops {
     void (*ud_peer_free)(struct rs_rnic_ud_peer *peer);
     int (*ud_join_multicast)(struct rs_rnic_qp *qp, const struct sockaddr *group, const struct sockaddr *iface);
     int (*ud_leave_multicast)(struct rs_rnic_qp *qp, const struct sockaddr *group);
+    /* Optional (NULL: -EOPNOTSUPP from rnic.c): a socket layer copes without them (docs/dgram.md). */
+    int (*ud_adopt_fd)(struct rs_rnic_qp *qp, const struct rs_rnic_ud_adopt *how);
+    int (*ud_set_raw_limits)(struct rs_rnic_qp *qp, uint32_t raw_max_bytes, uint32_t raw_max_count);
+    int (*ud_take_raw)(struct rs_rnic_qp *qp, struct rs_rnic_raw_dgram **out);
+    int (*ud_counters)(const struct rs_rnic_qp *qp, struct rs_rnic_ud_counters *out);
+    /* Optional (NULL: -EOPNOTSUPP from rnic.c): XRC, for devices that have it. */
+    int (*xrcd_open)(struct rs_rnic *rnic, int fd, struct rs_rnic_xrcd **out);
+    int (*xrcd_close)(struct rs_rnic_xrcd *xrcd);
+    int (*create_xsrq)(struct rs_rnic_pd *pd, struct rs_rnic_xrcd *xrcd, struct rs_rnic_cq *cq, uint32_t max_wr,
+                       uint32_t max_sge, struct rs_rnic_srq **out);
+    uint32_t (*srq_num)(const struct rs_rnic_srq *srq);
     int (*cm_create)(struct rs_rnic *rnic, struct rs_rnic_cm **out);
     void (*cm_destroy)(struct rs_rnic_cm *cm);
     int (*cm_fd)(const struct rs_rnic_cm *cm);
@@ -85,7 +97,6 @@ struct rs_rnic_provider {
 /* Defined by each provider's device file. The references are strong on purpose: a weak reference does not pull
  * a member out of a static archive, so a program linked with librdmasock.a would silently lack a provider. */
 extern const struct rs_rnic_provider rs_rnic_soft_provider;
-/* Weak until the verbs provider lands: rs_rnic_open then simply does not find it. */
-extern const struct rs_rnic_provider rs_rnic_verbs_provider __attribute__((weak));
+extern const struct rs_rnic_provider rs_rnic_verbs_provider;
 
 #endif /* RS_RNIC_PROVIDER_H */

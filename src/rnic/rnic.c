@@ -182,6 +182,52 @@ int rs_rnic_ud_leave_multicast(struct rs_rnic_qp *qp, const struct sockaddr *gro
     return qp->rnic->ops->ud_leave_multicast(qp, group);
 }
 
+int rs_rnic_ud_adopt_fd(struct rs_rnic_qp *qp, const struct rs_rnic_ud_adopt *how)
+{
+    return qp->rnic->ops->ud_adopt_fd ? qp->rnic->ops->ud_adopt_fd(qp, how) : -EOPNOTSUPP;
+}
+
+int rs_rnic_ud_set_raw_limits(struct rs_rnic_qp *qp, uint32_t raw_max_bytes, uint32_t raw_max_count)
+{
+    return qp->rnic->ops->ud_set_raw_limits ? qp->rnic->ops->ud_set_raw_limits(qp, raw_max_bytes, raw_max_count)
+                                            : -EOPNOTSUPP;
+}
+
+int rs_rnic_ud_take_raw(struct rs_rnic_qp *qp, struct rs_rnic_raw_dgram **out)
+{
+    *out = NULL;
+    return qp->rnic->ops->ud_take_raw ? qp->rnic->ops->ud_take_raw(qp, out) : -EAGAIN;
+}
+
+int rs_rnic_ud_counters(const struct rs_rnic_qp *qp, struct rs_rnic_ud_counters *out)
+{
+    return qp->rnic->ops->ud_counters ? qp->rnic->ops->ud_counters(qp, out) : -EOPNOTSUPP;
+}
+
+int rs_rnic_xrcd_open(struct rs_rnic *rnic, int fd, struct rs_rnic_xrcd **out)
+{
+    *out = NULL;
+    return rnic->ops->xrcd_open ? rnic->ops->xrcd_open(rnic, fd, out) : -EOPNOTSUPP;
+}
+
+int rs_rnic_xrcd_close(struct rs_rnic_xrcd *xrcd)
+{
+    return xrcd->rnic->ops->xrcd_close ? xrcd->rnic->ops->xrcd_close(xrcd) : -EOPNOTSUPP;
+}
+
+int rs_rnic_create_xsrq(struct rs_rnic_pd *pd, struct rs_rnic_xrcd *xrcd, struct rs_rnic_cq *cq, uint32_t max_wr,
+                        uint32_t max_sge, struct rs_rnic_srq **out)
+{
+    *out = NULL;
+    return pd->rnic->ops->create_xsrq ? pd->rnic->ops->create_xsrq(pd, xrcd, cq, max_wr, max_sge, out)
+                                      : -EOPNOTSUPP;
+}
+
+uint32_t rs_rnic_srq_num(const struct rs_rnic_srq *srq)
+{
+    return srq->rnic->ops->srq_num ? srq->rnic->ops->srq_num(srq) : 0;
+}
+
 int rs_rnic_cm_create(struct rs_rnic *rnic, struct rs_rnic_cm **out)
 {
     return rnic->ops->cm_create(rnic, out);

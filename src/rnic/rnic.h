@@ -56,6 +56,7 @@ struct rs_rnic_cm;
 struct rs_rnic_listener;
 struct rs_rnic_conn_request;
 struct rs_rnic_ud_peer;
+struct rs_rnic_xrcd;
 
 /* ---- devices --------------------------------------------------------------------------------------------- */
 
@@ -150,6 +151,7 @@ enum rs_rnic_wc_opcode {
     RS_WC_RECV,                     /* a SEND (any variant) consumed a posted receive */
     RS_WC_RECV_RDMA_WITH_IMM,       /* a WRITE_WITH_IMM consumed a posted receive */
     RS_WC_RECV_WRITE_RECORD,        /* target side of a WRITE_RECORD: no receive consumed */
+    RS_WC_RECV_RAW,                 /* a QP that adopted a socket hands a datagram back (rs_rnic_ud_adopt_fd) */
 };
 
 enum rs_rnic_wc_flags {
@@ -193,7 +195,12 @@ int rs_rnic_poll_cq(struct rs_rnic_cq *cq, int n, struct rs_rnic_wc *wc);
 
 /* ---- queue pairs and shared receive queues ---------------------------------------------------------------- */
 
-enum rs_rnic_qp_type { RS_QPT_RC = 1, RS_QPT_UD = 2 };
+enum rs_rnic_qp_type {
+    RS_QPT_RC = 1,
+    RS_QPT_UD = 2,
+    RS_QPT_XRC_INI = 3,             /* XRC send side (caps.has_xrc): connects like RC, sends to remote XRC SRQs */
+    RS_QPT_XRC_TGT = 4,             /* XRC receive side: accepts like RC, delivers into its domain's SRQs */
+};
 
 enum rs_rnic_qp_state { RS_QPS_INIT, RS_QPS_CONNECTING, RS_QPS_RTS, RS_QPS_CLOSING, RS_QPS_ERROR };
 
@@ -216,6 +223,7 @@ struct rs_rnic_qp_attr {
     uint32_t record_timeout_ms;     /* UD WRITE_RECORD target: a message whose last segment is missing completes
                                      * as RS_WC_RECORD_PARTIAL after this; 0 = provider default */
     void *context;                  /* returned by rs_rnic_qp_context */
+    struct rs_rnic_xrcd *xrcd;      /* RS_QPT_XRC_TGT: the XRC domain it serves */
 };
 
 int rs_rnic_create_srq(struct rs_rnic_pd *pd, uint32_t max_wr, uint32_t max_sge, struct rs_rnic_srq **out);
@@ -271,6 +279,7 @@ struct rs_rnic_send_wr {
         uint32_t rkey;
     } rdma;
     struct rs_rnic_ud_peer *ud_peer;    /* UD only: where to send */
+    uint32_t xrc_remote_srq_num;        /* XRC_INI only: the peer's XRC SRQ (rs_rnic_srq_num) */
 };
 
 struct rs_rnic_recv_wr {
@@ -303,6 +312,86 @@ void rs_rnic_ud_peer_free(struct rs_rnic_ud_peer *peer);
 /* IP multicast (soft) or rdma_join_multicast (verbs); sends to a group go through a peer resolved for it. */
 int rs_rnic_ud_join_multicast(struct rs_rnic_qp *qp, const struct sockaddr *group, const struct sockaddr *iface);
 int rs_rnic_ud_leave_multicast(struct rs_rnic_qp *qp, const struct sockaddr *group);
+
+/* ---- UD on the application's own UDP socket (added for src/dgram_wr; see docs/dgram.md) ------------------ */
+
+/*
+ * Where the RNIC's UD QP is itself a UDP socket (soft), a datagram socket layer can let the QP ADOPT the
+ * application's bound kernel UDP socket instead of opening its own, so RDMA datagrams and plain UDP share the
+ * application's port. An adopting QP (RAW mode):
+ *   - reads every datagram of the socket; datagram-iWARP for this QP is handled as usual;
+ *   - hands every other datagram back untouched: not datagram-iWARP, or failing its CRC (the kernel already checked
+ *     UDP's own checksum, so a CRC mismatch means the datagram was never ours). Each goes to the QP's raw queue
+ *     and an RS_WC_RECV_RAW completion (status RS_WC_SUCCESS, byte_len = its length, src) is added to the recv CQ;
+ *   - also hands back the payload of every Write-Record segment the region checks refuse (unknown, invalidated or
+ *     foreign STag, access, bounds): RS_WC_RECV_RAW with status RS_WC_REM_ACCESS_ERR and wc.record filled (rkey =
+ *     STag, offset = the segment's wire TO, msg_len, seg_len, valid_map = this segment's bit), so the socket layer
+ *     can salvage a datagram that raced a revoked buffer or tell a peer that its cached region is stale;
+ *   - drops instead of overflowing its recv CQ: a Write-Record or raw datagram that would need a completion slot
+ *     the CQ may not have is dropped and counted (rx_no_room), because a remote sender must never be able to put
+ *     the QP into ERROR;
+ *   - completes the RECV_WRITE_RECORD of a placement before the region's lock is released, so once
+ *     rs_rnic_mr_invalidate returns, every completion for bytes placed under the old STag is already on the CQ;
+ *   - never closes the fd and leaves its options alone, except the kernel receive/send buffer sizes (raised so the
+ *     kernel does not drop while the RNIC drains it; the socket layer keeps the application's own SO_RCVBUF).
+ * Each RS_WC_RECV_RAW completion matches one entry of the raw queue, in the same order: take it with
+ * rs_rnic_ud_take_raw, release it with free(). Entries beyond raw_max_bytes (sum of lengths) or raw_max_count are
+ * dropped and counted (rx_raw_dropped). The recv CQ must be sized for posted receives + raw_max_count + the
+ * Write-Record completions the consumer expects.
+ *
+ * Providers without the capability return -EOPNOTSUPP: the socket layer then keeps the application's socket for
+ * plain UDP (and its discovery) and binds a QP of its own with rs_rnic_ud_bind.
+ */
+struct rs_rnic_ud_adopt {
+    int fd;                         /* bound AF_INET/AF_INET6 SOCK_DGRAM socket; stays the caller's */
+    uint32_t raw_max_bytes;
+    uint32_t raw_max_count;
+};
+int rs_rnic_ud_adopt_fd(struct rs_rnic_qp *qp, const struct rs_rnic_ud_adopt *how);
+/* Changes the raw queue bounds (e.g. after SO_RCVBUF); entries already queued stay. */
+int rs_rnic_ud_set_raw_limits(struct rs_rnic_qp *qp, uint32_t raw_max_bytes, uint32_t raw_max_count);
+
+struct rs_rnic_raw_dgram {
+    struct rs_rnic_raw_dgram *next;     /* free for the consumer's use */
+    enum rs_rnic_wc_status status;      /* as in its completion */
+    uint32_t len;                       /* bytes in data */
+    struct sockaddr_storage src;
+    socklen_t src_len;
+    struct {                            /* status RS_WC_REM_ACCESS_ERR: the refused Write-Record segment */
+        uint32_t rkey;
+        uint64_t to;                    /* wire TO of this segment */
+        uint64_t base_to;               /* wire TO of the message's first byte */
+        uint32_t msg_len;
+    } record;
+    uint8_t data[];
+};
+/* 0 and the oldest raw entry (caller frees it with free()), or -EAGAIN when the raw queue is empty. */
+int rs_rnic_ud_take_raw(struct rs_rnic_qp *qp, struct rs_rnic_raw_dgram **out);
+
+/* Per-QP receive counters of a UD QP, so a socket layer can report drops per socket like the kernel does. */
+struct rs_rnic_ud_counters {
+    uint64_t rx_no_recv;            /* SEND messages dropped: no receive was posted (the receiver had no room) */
+    uint64_t rx_no_room;            /* Write-Record or raw datagrams dropped: the recv CQ had no room */
+    uint64_t rx_raw;                /* datagrams handed back raw (both statuses) */
+    uint64_t rx_raw_dropped;        /* raw datagrams dropped: raw queue full */
+    uint64_t rx_refused;            /* datagram-iWARP refused: protection, malformed, late (not handed back) */
+};
+int rs_rnic_ud_counters(const struct rs_rnic_qp *qp, struct rs_rnic_ud_counters *out);
+
+/* ---- XRC (verbs devices that report IBV_DEVICE_XRC; caps.has_xrc) ------------------------------------------ */
+
+/*
+ * An XRC domain groups XRC SRQs that any XRC_TGT QP of the domain delivers into, so one process (or several
+ * sharing the domain through fd, a file both open) needs one connection per peer host rather than per peer
+ * process. Without the capability every call returns -EOPNOTSUPP and creates nothing; the soft RNIC has none.
+ * XRC QPs connect through the connection manager like RC QPs (INI connects, TGT accepts).
+ */
+int rs_rnic_xrcd_open(struct rs_rnic *rnic, int fd, struct rs_rnic_xrcd **out);     /* fd -1: private domain */
+int rs_rnic_xrcd_close(struct rs_rnic_xrcd *xrcd);      /* -EBUSY while SRQs or QPs use it */
+/* An SRQ of the domain; its receives complete on cq. Senders name it by rs_rnic_srq_num. */
+int rs_rnic_create_xsrq(struct rs_rnic_pd *pd, struct rs_rnic_xrcd *xrcd, struct rs_rnic_cq *cq, uint32_t max_wr,
+                        uint32_t max_sge, struct rs_rnic_srq **out);
+uint32_t rs_rnic_srq_num(const struct rs_rnic_srq *srq);
 
 /* ---- connection management (RC) --------------------------------------------------------------------------- */
 

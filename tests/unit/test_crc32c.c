@@ -1,4 +1,4 @@
-/* CRC32c: RFC 3720 B.4 vectors, chaining, sw/hw agreement, wire byte order. */
+/* CRC32c: RFC 3720 B.4 vectors, chaining, agreement of the table, chain, lanes and folding paths, wire byte order. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -59,6 +59,14 @@ static void test_vectors_hardware(void **state)
     if (!rs_crc32c_hw_available())
         skip();
     check_rfc3720_vectors(rs_crc32c_hw);
+}
+
+static void test_vectors_lanes(void **state)
+{
+    (void)state;
+    if (!rs_crc32c_hw_lanes_available())
+        skip();
+    check_rfc3720_vectors(rs_crc32c_hw_lanes);
 }
 
 /* Reference: one bit at a time, straight from the polynomial. */
@@ -129,6 +137,120 @@ static void test_sw_hw_agree_random(void **state)
     free(buf);
 }
 
+/*
+ * The multi-lane and folding paths against the single chain and the table path. Their geometry (crc32c.c): lanes
+ * run rounds of 6 x 4096, 6 x 512 and 6 x 64 bytes after up to 7 bytes that align the pointer, one chain below
+ * 384 bytes and for the tail; folding runs mixed rounds of 31744 bytes, then 256-byte steps, then 64-byte steps,
+ * one chain below 512 bytes and for the last 63. Every round and step size is a multiple of 64, so: every length
+ * up to a few KiB, and lengths next to every multiple of 64 up to 70000 at several alignments (all eight next to
+ * the multiples of 384): each round size entered, left, and the tail of each.
+ */
+enum { LANES_MAX_LEN = 70000, LANES_PAD = 16 };
+
+static uint8_t *random_buffer(size_t len, unsigned seed)
+{
+    uint8_t *buf = malloc(len);
+    assert_non_null(buf);
+    srand(seed);
+    for (size_t i = 0; i < len; i++)
+        buf[i] = (uint8_t)rand();
+    return buf;
+}
+
+static void check_lanes_at(const uint8_t *buf, size_t offset, size_t len, uint32_t seed, bool with_sw)
+{
+    uint32_t lanes = rs_crc32c_hw_lanes(seed, buf + offset, len);
+    assert_int_equal(lanes, rs_crc32c_hw(seed, buf + offset, len));
+    if (rs_crc32c_hw_fold_available())
+        assert_int_equal(rs_crc32c_hw_fold(seed, buf + offset, len), lanes);
+    if (with_sw)
+        assert_int_equal(lanes, rs_crc32c_sw(seed, buf + offset, len));
+    assert_int_equal(rs_crc32c(seed, buf + offset, len), lanes);
+}
+
+static void test_vectors_fold(void **state)
+{
+    (void)state;
+    if (!rs_crc32c_hw_fold_available())
+        skip();
+    check_rfc3720_vectors(rs_crc32c_hw_fold);
+}
+
+static void test_lanes_agree_short(void **state)
+{
+    (void)state;
+    if (!rs_crc32c_hw_lanes_available())
+        skip();
+    uint8_t *buf = random_buffer(5000 + LANES_PAD, 99);
+    for (size_t len = 0; len <= 5000; len++)
+        check_lanes_at(buf, len % LANES_PAD, len, len % 5 == 0 ? 0 : (uint32_t)len * 2654435761u, true);
+    free(buf);
+}
+
+static void test_lanes_agree_edges(void **state)
+{
+    (void)state;
+    if (!rs_crc32c_hw_lanes_available())
+        skip();
+    uint8_t *buf = random_buffer(LANES_MAX_LEN + LANES_PAD, 4242);
+    static const size_t some_offsets[] = { 0, 1, 5 };
+    unsigned checked = 0;
+    for (size_t multiple = 64; multiple <= LANES_MAX_LEN; multiple += 64) {
+        bool all_offsets = multiple % 384 == 0;
+        for (size_t i = 0; i < (all_offsets ? 8 : 3); i++) {
+            size_t offset = all_offsets ? i : some_offsets[i];
+            for (size_t len = multiple - 9; len <= multiple + 9 && len <= LANES_MAX_LEN; len++) {
+                /* Misalignment eats (8 - offset) % 8 bytes before the lanes: cover both sides of each edge. */
+                check_lanes_at(buf, offset, len, (uint32_t)(len ^ offset), multiple % 3072 == 0 && offset < 2);
+                checked++;
+            }
+        }
+    }
+    /* Lengths an FPDU's payload has (64 KiB FPDUs: 65512 for a SEND, 65516 tagged), and a 16-bit ULPDU's max. */
+    static const size_t sums[] = {
+        6 * 4096 + 6 * 512 + 6 * 64, 31744, 2 * 31744, 2 * 31744 + 2024, 65512, 65516, 65535, 65536, LANES_MAX_LEN,
+    };
+    for (size_t i = 0; i < sizeof(sums) / sizeof(sums[0]); i++)
+        for (size_t offset = 0; offset < LANES_PAD; offset++)
+            for (size_t len = sums[i] - 3; len <= sums[i] && len <= LANES_MAX_LEN; len++)
+                check_lanes_at(buf, offset, len, 0, true);
+    /* The whole buffer against the bit-at-a-time reference, not only against the other tables. */
+    assert_int_equal(rs_crc32c_hw_lanes(0, buf, LANES_MAX_LEN), crc_reference(0, buf, LANES_MAX_LEN));
+    assert_int_equal(rs_crc32c_hw_lanes(0x1234abcd, buf + 3, 65536), crc_reference(0x1234abcd, buf + 3, 65536));
+    if (rs_crc32c_hw_fold_available())
+        assert_int_equal(rs_crc32c_hw_fold(0x1234abcd, buf + 5, 65512), crc_reference(0x1234abcd, buf + 5, 65512));
+    assert_true(checked > 50000);
+    free(buf);
+}
+
+static void test_lanes_agree_random(void **state)
+{
+    (void)state;
+    if (!rs_crc32c_hw_lanes_available())
+        skip();
+    uint8_t *buf = random_buffer(LANES_MAX_LEN + LANES_PAD, 777);
+    srand(31337);
+    for (int round = 0; round < 2000; round++) {
+        size_t offset = (size_t)rand() % LANES_PAD;
+        size_t len = (size_t)rand() % (LANES_MAX_LEN + 1);
+        uint32_t seed = round % 4 == 0 ? 0 : (uint32_t)rand();
+        check_lanes_at(buf, offset, len, seed, round % 10 == 0);
+    }
+    /* Chaining through the fast paths: a message CRCed in pieces, as the RC transmitter does over iovecs. */
+    uint32_t whole = rs_crc32c_hw_lanes(0, buf, LANES_MAX_LEN);
+    bool fold = rs_crc32c_hw_fold_available();
+    for (int round = 0; round < 200; round++) {
+        size_t split = (size_t)rand() % (LANES_MAX_LEN + 1);
+        uint32_t first = rs_crc32c_hw_lanes(0, buf, split);
+        assert_int_equal(rs_crc32c_hw_lanes(first, buf + split, LANES_MAX_LEN - split), whole);
+        if (fold) {
+            first = rs_crc32c_hw_fold(0, buf, split);
+            assert_int_equal(rs_crc32c_hw_fold(first, buf + split, LANES_MAX_LEN - split), whole);
+        }
+    }
+    free(buf);
+}
+
 static void test_wire_byte_order(void **state)
 {
     (void)state;
@@ -157,8 +279,13 @@ int main(void)
         cmocka_unit_test(test_vectors_dispatch),
         cmocka_unit_test(test_vectors_software),
         cmocka_unit_test(test_vectors_hardware),
+        cmocka_unit_test(test_vectors_lanes),
+        cmocka_unit_test(test_vectors_fold),
         cmocka_unit_test(test_chaining),
         cmocka_unit_test(test_sw_hw_agree_random),
+        cmocka_unit_test(test_lanes_agree_short),
+        cmocka_unit_test(test_lanes_agree_edges),
+        cmocka_unit_test(test_lanes_agree_random),
         cmocka_unit_test(test_wire_byte_order),
     };
     return cmocka_run_group_tests_name("crc32c", tests, NULL, NULL);

@@ -34,9 +34,24 @@
 
 /* ---- tunables ---- */
 
-#define RS_RC_FPDU_MAX 16384u               /* largest FPDU we send (framing included) */
+/*
+ * FPDU sizes (framing included). rs_rc_enter_rts sizes FPDUs to the TCP MSS, capped at RS_RC_FPDU_MAX, so on a
+ * real network every FPDU fits one segment (MPA's FPDU alignment: what a hardware peer places without
+ * reassembling). MSSes of RS_RC_FPDU_LOCAL and more only exist on loopback and similar host-internal links
+ * (Ethernet jumbo frames stop at 9 KiB), where no NIC places segments and Linux reports an MSS of half the peer's
+ * first window (32 KiB on loopback) rather than the link's. There the transmitter (rc_tx.c fpdu_size) cuts
+ * messages of at least RS_RC_FPDU_MAX bytes into FPDUs of RS_RC_FPDU_MAX, the most a 16-bit ULPDU_Length allows:
+ * each FPDU costs the receiving CPU at least two reads (its payload with the next header's first 16 bytes, then
+ * the rest of that header), so a 64 KiB SEND takes 4 instead of 10. Shorter messages keep RS_RC_FPDU_LOCAL FPDUs,
+ * the segmentation they always had on loopback (and that tests/suites/iwarp_tshark.sh checks with tshark).
+ */
+#define RS_RC_FPDU_MAX 65536u
+#define RS_RC_FPDU_LOCAL 16384u
+_Static_assert(RS_RC_FPDU_MAX - RS_MPA_LEN_FIELD - RS_MPA_CRC_LEN <= RS_MPA_MAX_ULPDU,
+               "the ULPDU of the largest FPDU must fit ULPDU_Length");
 #define RS_RC_FPDU_MIN 256u                 /* floor when the MSS is tiny */
 #define RS_RC_TX_BATCH_FPDUS 64             /* FPDUs handed to one sendmsg at most */
+#define RS_RC_TX_BATCH_BYTES (1u << 20)     /* a batch takes no new FPDU once it holds this much */
 #define RS_RC_TX_IOV_MAX 1024               /* IOV_MAX on Linux */
 #define RS_RC_TX_LOOP_BATCHES 2             /* batches one progress-thread turn may send before yielding */
 #define RS_RC_TX_POST_BATCHES 16            /* batches a posting thread sends before leaving the rest to the loop */

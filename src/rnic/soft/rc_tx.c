@@ -1,12 +1,13 @@
 /*
- * rc_tx.c: the RC transmitter. Work requests and Read Responses are cut into FPDUs sized for the TCP MSS and
- * handed to the kernel with sendmsg: each FPDU is [length + DDP/RDMAP header][payload pieces straight from the
- * registered memory][pad + CRC], the CRC computed over those same pieces, so the payload is never copied.
+ * rc_tx.c: the RC transmitter. Work requests and Read Responses are cut into FPDUs sized for the TCP MSS (on
+ * loopback-like links, for the receiving CPU: see fpdu_size) and handed to the kernel with sendmsg: each FPDU is
+ * [length + DDP/RDMAP header][payload pieces straight from the registered memory][pad + CRC], the CRC computed over
+ * those same pieces, so the payload is never copied.
  *
- * A batch of up to RS_RC_TX_BATCH_FPDUS FPDUs goes to one sendmsg; a new batch is built only when the previous
- * one is entirely in the socket, so messages interleave at FPDU boundaries only. A SEND or WRITE completes when
- * its last FPDU was accepted by the socket (rnic.h, soft provider); an RDMA READ when its response is placed
- * (rc_rx.c). Completions leave in send-queue order (rs_rc_slot_finish).
+ * A batch of up to RS_RC_TX_BATCH_FPDUS FPDUs and about RS_RC_TX_BATCH_BYTES goes to one sendmsg; a new batch is
+ * built only when the previous one is entirely in the socket, so messages interleave at FPDU boundaries only. A
+ * SEND or WRITE completes when its last FPDU was accepted by the socket (rnic.h, soft provider); an RDMA READ when
+ * its response is placed (rc_rx.c). Completions leave in send-queue order (rs_rc_slot_finish).
  */
 #include <errno.h>
 #include <string.h>
@@ -15,10 +16,18 @@
 #include "common/log.h"
 #include "rnic/soft/rc.h"
 
-/* Payload bytes an FPDU with a header of hdr_len can carry: a multiple of 4, so full FPDUs need no pad. */
-static size_t payload_room(const struct rs_rc_qp *rc, size_t hdr_len)
+/* The FPDU size for a message of msg_len bytes on this connection's link (see RS_RC_FPDU_LOCAL in rc.h). */
+static size_t fpdu_size(const struct rs_rc_qp *rc, uint64_t msg_len)
 {
-    size_t room = rc->fpdu_max - RS_MPA_LEN_FIELD - hdr_len - RS_MPA_CRC_LEN;
+    if (rc->fpdu_max < RS_RC_FPDU_LOCAL)
+        return rc->fpdu_max;
+    return msg_len >= RS_RC_FPDU_MAX ? RS_RC_FPDU_MAX : RS_RC_FPDU_LOCAL;
+}
+
+/* Payload bytes an FPDU with a header of hdr_len can carry: a multiple of 4, so full FPDUs need no pad. */
+static size_t payload_room(const struct rs_rc_qp *rc, size_t hdr_len, uint64_t msg_len)
+{
+    size_t room = fpdu_size(rc, msg_len) - RS_MPA_LEN_FIELD - hdr_len - RS_MPA_CRC_LEN;
     return room & ~(size_t)3;
 }
 
@@ -289,10 +298,13 @@ static bool start_next_wqe(struct rs_rc_qp *rc)
     return true;
 }
 
-/* Room for one more FPDU with up to max_payload_iov payload pieces? */
+/* Room for one more FPDU with up to max_payload_iov payload pieces? The byte bound keeps a batch (the unit of
+ * interleaving between the send queue and Read Responses, and of a progress-thread turn) the same whatever the
+ * FPDU size. */
 static bool batch_has_room(const struct rs_rc_tx *tx, int max_payload_iov)
 {
-    return tx->fpdu_n < RS_RC_TX_BATCH_FPDUS && tx->iov_n + 2 + max_payload_iov <= RS_RC_TX_IOV_MAX;
+    return tx->fpdu_n < RS_RC_TX_BATCH_FPDUS && tx->bytes < RS_RC_TX_BATCH_BYTES &&
+           tx->iov_n + 2 + max_payload_iov <= RS_RC_TX_IOV_MAX;
 }
 
 /* Adds one FPDU of the current (or next) send-queue WQE. Returns true if one was added. tx_lock held. */
@@ -309,7 +321,7 @@ static bool build_sq_fpdu(struct rs_rc_qp *rc)
 
     uint8_t *hdr = tx->hdr[tx->fpdu_n];
     uint8_t *ddp = hdr + RS_MPA_LEN_FIELD;
-    size_t hl, chunk = 0;
+    size_t hl, room, chunk = 0;
     bool last;
     uint64_t remaining = wqe->length - wqe->sent;
     int64_t done_pos = (int64_t)tx->cur_pos;
@@ -317,7 +329,8 @@ static bool build_sq_fpdu(struct rs_rc_qp *rc)
     case RS_WR_SEND:
     case RS_WR_SEND_WITH_INVALIDATE: {
         hl = RS_DDP_UNTAGGED_HDR_LEN;
-        chunk = remaining < payload_room(rc, hl) ? remaining : payload_room(rc, hl);
+        room = payload_room(rc, hl, wqe->length);
+        chunk = remaining < room ? remaining : room;
         last = chunk == remaining;
         bool se = (wqe->flags & RS_SEND_SOLICITED) != 0;
         bool inv = wqe->opcode == RS_WR_SEND_WITH_INVALIDATE;
@@ -329,7 +342,8 @@ static bool build_sq_fpdu(struct rs_rc_qp *rc)
     }
     case RS_WR_RDMA_WRITE:
         hl = RS_DDP_TAGGED_HDR_LEN;
-        chunk = remaining < payload_room(rc, hl) ? remaining : payload_room(rc, hl);
+        room = payload_room(rc, hl, wqe->length);
+        chunk = remaining < room ? remaining : room;
         last = chunk == remaining;
         rs_ddp_tagged_hdr(ddp, RS_RDMAP_WRITE, last, wqe->rkey, wqe->remote_addr + wqe->sent);
         break;
@@ -403,7 +417,8 @@ static bool build_response_fpdu(struct rs_rc_qp *rc)
     struct rs_rc_irq_entry *e = &rc->irq[rc->irq_head % rc->irq_cap];
     size_t hl = RS_DDP_TAGGED_HDR_LEN;
     uint64_t remaining = e->rr.size - e->sent;
-    size_t chunk = remaining < payload_room(rc, hl) ? remaining : payload_room(rc, hl);
+    size_t room = payload_room(rc, hl, e->rr.size);
+    size_t chunk = remaining < room ? remaining : room;
     bool last = chunk == remaining;
     uint8_t *where = NULL;
     if (chunk) {
@@ -491,8 +506,14 @@ bool rs_rc_tx_run(struct rs_rc_qp *rc, bool from_loop)
         return false;
     }
     bool building = conn == RS_RC_RTS || conn == RS_RC_CLOSING;
-    /* A batch is at most RS_RC_TX_BATCH_FPDUS FPDUs (1 MiB on loopback). The progress thread serves every socket
-     * in turn, so it stops after two; a posting thread keeps going while the socket takes its data. */
+    if (!from_loop && building && rc->tx_want_write) {
+        /* The progress thread already waits for the socket to take more (or to serve Read Responses) and builds
+         * this request on that writable event; a sendmsg here would mostly meet the full socket again. */
+        pthread_mutex_unlock(&rc->tx_lock);
+        return true;
+    }
+    /* A batch is at most RS_RC_TX_BATCH_FPDUS FPDUs and about RS_RC_TX_BATCH_BYTES. The progress thread serves every
+     * socket in turn, so it stops after two; a posting thread keeps going while the socket takes its data. */
     int rounds = from_loop ? RS_RC_TX_LOOP_BATCHES : RS_RC_TX_POST_BATCHES;
     for (int round = 0;; round++) {
         int r = tx_push(rc);

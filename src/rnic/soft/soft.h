@@ -14,6 +14,8 @@
  *       (post_recv, set_error, set_qos, expire, request_discard) may still be NULL.
  *   v4  rs_soft_cq_defer_begin/_end: a progress callback's completions wake a CQ waiter once, when the callback
  *       ends (additive; measured by tools/perf: RC SEND 64 KiB streams use ~10% less CPU, see docs/perf.md).
+ *   v5  UD QPs may adopt the application's socket (rs_soft_ud_adopt_fd and friends, rnic.h): raw hand-back, per-QP
+ *       counters, Write-Record completions added before the MR read lock is released (additive; src/dgram_wr).
  *
  * ---- Objects ----------------------------------------------------------------------------------------------
  * Every object starts with its rnic.h base struct (provider.h) so a public pointer casts to the soft one:
@@ -548,6 +550,11 @@ int rs_soft_ud_resolve_peer(struct rs_rnic_qp *qp, struct rs_rnic_cm *cm, const 
 void rs_soft_ud_peer_free(struct rs_rnic_ud_peer *peer);
 int rs_soft_ud_join_multicast(struct rs_rnic_qp *qp, const struct sockaddr *group, const struct sockaddr *iface);
 int rs_soft_ud_leave_multicast(struct rs_rnic_qp *qp, const struct sockaddr *group);
+/* Adopting the application's socket (rnic.h, since v5). */
+int rs_soft_ud_adopt_fd(struct rs_rnic_qp *qp, const struct rs_rnic_ud_adopt *how);
+int rs_soft_ud_set_raw_limits(struct rs_rnic_qp *qp, uint32_t raw_max_bytes, uint32_t raw_max_count);
+int rs_soft_ud_take_raw(struct rs_rnic_qp *qp, struct rs_rnic_raw_dgram **out);
+int rs_soft_ud_counters(const struct rs_rnic_qp *qp, struct rs_rnic_ud_counters *out);
 
 /*
  * Feeds one datagram to a UD QP's receive path as if it had arrived on its socket from src (the fuzz target and

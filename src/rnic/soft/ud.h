@@ -137,7 +137,15 @@ struct rs_soft_ud {
     uint32_t read_count;
     uint8_t *scratch;                       /* RS_UD_MAX_DATAGRAM bytes, only for discarding with a CRC check */
     struct rs_ud_mcast *mcast;              /* joined groups (sq_lock) */
+    /* Adopted socket (rs_rnic_ud_adopt_fd): the fd is the application's, datagrams that are not ours go back raw. */
+    bool adopted;
+    struct rs_rnic_raw_dgram *raw_head, *raw_tail;     /* rx_lock */
+    uint32_t raw_count, raw_max_count;
+    uint64_t raw_bytes, raw_max_bytes;
+    struct rs_rnic_ud_counters counters;    /* relaxed atomic adds (RS_UD_COUNT), read by rs_rnic_ud_counters */
 };
+
+#define RS_UD_COUNT(ud, field, n) __atomic_add_fetch(&(ud)->counters.field, (uint64_t)(n), __ATOMIC_RELAXED)
 
 /* One inbound datagram on its way through the receive path. */
 struct rs_ud_rx {
@@ -168,6 +176,16 @@ bool rs_ud_addr_equal(const struct sockaddr_storage *a, const struct sockaddr_st
 uint64_t rs_ud_partial_expire(struct rs_soft_ud *ud, uint64_t now_ns);
 /* Arms the QP timer for a new deadline and notes it for lazy checks. rx_lock held. */
 void rs_ud_note_deadline(struct rs_soft_ud *ud, uint64_t deadline_ns);
+
+/*
+ * Raw hand-back of an adopted socket (rx_lock held). rs_ud_raw_room says whether one more raw datagram of len bytes
+ * (and its completion) fits; rs_ud_raw_push queues an entry the caller allocated and adds its RS_WC_RECV_RAW
+ * completion. rs_ud_cq_room: the recv CQ can take one more completion that no active record already reserved.
+ */
+bool rs_ud_cq_room(struct rs_soft_ud *ud);
+bool rs_ud_raw_room(struct rs_soft_ud *ud, size_t len);
+void rs_ud_raw_push(struct rs_soft_ud *ud, struct rs_rnic_raw_dgram *d);
+struct rs_rnic_raw_dgram *rs_ud_raw_alloc(const struct rs_ud_rx *rx, size_t len, enum rs_rnic_wc_status status);
 
 /* ---- ud_record.c (target of Write-Record), rx_lock held ---- */
 void rs_ud_record_rx(struct rs_ud_rx *rx);

@@ -86,8 +86,13 @@ void rs_soft_ud_qp_destroy(struct rs_soft_qp *qp)
     rs_soft_timer_free(ud->timer);
     ud->timer = NULL;
     reset_rx_state(ud);
-    if (ud->fd >= 0)
+    if (ud->fd >= 0 && !ud->adopted)
         rs_soft_sys_close(ud->fd);
+    while (ud->raw_head) {
+        struct rs_rnic_raw_dgram *d = ud->raw_head;
+        ud->raw_head = d->next;
+        free(d);
+    }
     while (ud->mcast) {
         struct rs_ud_mcast *m = ud->mcast;
         ud->mcast = m->next;
@@ -218,6 +223,101 @@ int rs_soft_ud_bind(struct rs_rnic_qp *pqp, const struct sockaddr *local, sockle
         return -ENOMEM;
     }
     rs_soft_qp_set_state(qp, RS_QPS_RTS);
+    return 0;
+}
+
+int rs_soft_ud_adopt_fd(struct rs_rnic_qp *pqp, const struct rs_rnic_ud_adopt *how)
+{
+    struct rs_soft_qp *qp = rs_soft_qp(pqp);
+    struct rs_soft_ud *ud = qp->ud;
+    if (qp->type != RS_QPT_UD || !ud || !how || how->fd < 0)
+        return -EINVAL;
+    if (rs_soft_qp_get_state(qp) != RS_QPS_INIT || ud->fd >= 0)
+        return -EINVAL;
+    int type = 0;
+    socklen_t tlen = sizeof(type);
+    int rc = rs_soft_sys_getsockopt(how->fd, SOL_SOCKET, SO_TYPE, &type, &tlen);
+    if (rc)
+        return rc;
+    struct sockaddr_storage local;
+    socklen_t llen = sizeof(local);
+    memset(&local, 0, sizeof(local));
+    rc = rs_soft_sys_getsockname(how->fd, (struct sockaddr *)&local, &llen);
+    if (rc)
+        return rc;
+    if (type != SOCK_DGRAM || (local.ss_family != AF_INET && local.ss_family != AF_INET6))
+        return -EINVAL;
+    uint16_t port = local.ss_family == AF_INET ? ((struct sockaddr_in *)&local)->sin_port
+                                               : ((struct sockaddr_in6 *)&local)->sin6_port;
+    if (port == 0)
+        return -EINVAL;         /* the application's port is the QP's name: it must be bound */
+    /* Only the kernel buffers change: the RNIC drains the socket on its own thread, and the socket layer keeps
+     * the application's SO_RCVBUF for its own accounting. Every other option stays the application's. */
+    set_buffer(how->fd, SO_RCVBUFFORCE, SO_RCVBUF, UD_RCVBUF);
+    set_buffer(how->fd, SO_SNDBUFFORCE, SO_SNDBUF, UD_SNDBUF);
+    pthread_mutex_lock(&ud->rx_lock);
+    ud->adopted = true;
+    ud->raw_max_bytes = how->raw_max_bytes;
+    ud->raw_max_count = how->raw_max_count;
+    pthread_mutex_unlock(&ud->rx_lock);
+    ud->fd = how->fd;
+    ud->family = local.ss_family;
+    ud->watch = rs_soft_watch_add(qp->dev, ud->fd, RS_SOFT_EV_READ, ud_io_cb, ud);
+    if (!ud->watch) {
+        ud->fd = -1;
+        ud->adopted = false;
+        return -ENOMEM;
+    }
+    rs_soft_qp_set_state(qp, RS_QPS_RTS);
+    return 0;
+}
+
+int rs_soft_ud_set_raw_limits(struct rs_rnic_qp *pqp, uint32_t raw_max_bytes, uint32_t raw_max_count)
+{
+    struct rs_soft_qp *qp = rs_soft_qp(pqp);
+    struct rs_soft_ud *ud = qp->ud;
+    if (qp->type != RS_QPT_UD || !ud || !ud->adopted)
+        return -EINVAL;
+    pthread_mutex_lock(&ud->rx_lock);
+    ud->raw_max_bytes = raw_max_bytes;
+    ud->raw_max_count = raw_max_count;
+    pthread_mutex_unlock(&ud->rx_lock);
+    return 0;
+}
+
+int rs_soft_ud_take_raw(struct rs_rnic_qp *pqp, struct rs_rnic_raw_dgram **out)
+{
+    struct rs_soft_qp *qp = rs_soft_qp(pqp);
+    struct rs_soft_ud *ud = qp->ud;
+    *out = NULL;
+    if (qp->type != RS_QPT_UD || !ud)
+        return -EINVAL;
+    pthread_mutex_lock(&ud->rx_lock);
+    struct rs_rnic_raw_dgram *d = ud->raw_head;
+    if (d) {
+        ud->raw_head = d->next;
+        if (!ud->raw_head)
+            ud->raw_tail = NULL;
+        ud->raw_count--;
+        ud->raw_bytes -= d->len;
+        d->next = NULL;
+    }
+    pthread_mutex_unlock(&ud->rx_lock);
+    if (!d)
+        return -EAGAIN;
+    *out = d;
+    return 0;
+}
+
+int rs_soft_ud_counters(const struct rs_rnic_qp *pqp, struct rs_rnic_ud_counters *out)
+{
+    const struct rs_soft_qp *qp = (const struct rs_soft_qp *)pqp;
+    if (qp->type != RS_QPT_UD || !qp->ud)
+        return -EINVAL;
+    const uint64_t *src = (const uint64_t *)&qp->ud->counters;
+    uint64_t *dst = (uint64_t *)out;
+    for (size_t i = 0; i < sizeof(*out) / sizeof(uint64_t); i++)
+        dst[i] = __atomic_load_n(&src[i], __ATOMIC_RELAXED);
     return 0;
 }
 

@@ -11,9 +11,13 @@
  * duplicate cannot change bytes the application was told about.
  *
  * A segment refused by a check is a counted drop and nothing else: the initiator already completed, and there is
- * no receive to report an error on.
+ * no receive to report an error on. Except on a QP that adopted an application's socket (rnic.h): there the
+ * refused payload goes back to the socket layer on the raw queue, a record that would need a CQ slot the CQ may
+ * not have is dropped instead of overflowing it, and a record's completion is added before the region's read lock
+ * is released, so that rs_rnic_mr_invalidate is a fence for the socket layer's buffer revocation.
  */
 #include <errno.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "common/log.h"
@@ -79,6 +83,32 @@ static struct rs_ud_record *alloc_record(struct rs_soft_ud *ud)
     return oldest_live;
 }
 
+/*
+ * An adopted socket's QP hands a refused segment's payload back (rnic.h): the socket layer may salvage a datagram
+ * that raced the revocation of a buffer it advertised, or tell the sender its cached region is stale. The payload
+ * is read with its CRC checked; one that fails the CRC goes back whole as a plain datagram instead.
+ */
+static void hand_back_refused(struct rs_ud_rx *rx)
+{
+    struct rs_soft_ud *ud = rx->ud;
+    const struct rs_ud_hdr *h = &rx->h;
+    if (!rs_ud_raw_room(ud, h->payload_len))
+        return;
+    struct rs_rnic_raw_dgram *d = rs_ud_raw_alloc(rx, h->payload_len, RS_WC_REM_ACCESS_ERR);
+    if (!d)
+        return;
+    d->record.rkey = h->stag;
+    d->record.to = h->to;
+    d->record.base_to = h->base_to;
+    d->record.msg_len = h->msg_len;
+    struct iovec iov = { .iov_base = d->data, .iov_len = h->payload_len };
+    if (rs_ud_rx_consume(rx, &iov, h->payload_len ? 1 : 0) != 0) {
+        free(d);
+        return;
+    }
+    rs_ud_raw_push(ud, d);
+}
+
 void rs_ud_record_rx(struct rs_ud_rx *rx)
 {
     struct rs_soft_ud *ud = rx->ud;
@@ -88,15 +118,23 @@ void rs_ud_record_rx(struct rs_ud_rx *rx)
     struct rs_ud_record *r = find_record(ud, &rx->src, h->msg_id);
     if (r && !r->active) {
         RS_SOFT_STAT(dev, rx_drop_late, 1);
+        RS_UD_COUNT(ud, rx_refused, 1);
         return;
     }
     if (r && (r->stag != h->stag || r->msg_len != h->msg_len || r->base_to != h->base_to ||
               r->seg_len != h->seg_len)) {
         RS_SOFT_STAT(dev, rx_drop_header, 1);
+        RS_UD_COUNT(ud, rx_refused, 1);
         return;
     }
     if (r && (r->valid_map & (1ull << h->seg_index))) {
         RS_SOFT_STAT(dev, rx_drop_late, 1);
+        RS_UD_COUNT(ud, rx_refused, 1);
+        return;
+    }
+    if (!r && ud->adopted && !rs_ud_cq_room(ud)) {
+        /* A remote sender must never overflow the CQ of a socket's QP: no room, no record. */
+        RS_UD_COUNT(ud, rx_no_room, 1);
         return;
     }
 
@@ -113,14 +151,21 @@ void rs_ud_record_rx(struct rs_ud_rx *rx)
         RS_SOFT_STAT(dev, rx_drop_protection, 1);
         RS_DEBUG("soft rnic: qp %u Write-Record segment refused: %s (stag 0x%x)", qp->qpn, rs_soft_prot_name(prot),
                  h->stag);
+        if (ud->adopted)
+            hand_back_refused(rx);
+        else
+            RS_UD_COUNT(ud, rx_refused, 1);
         return;
     }
     uint64_t region_offset = h->base_to - (uintptr_t)mr->pub.addr;
     struct iovec iov = { .iov_base = where, .iov_len = h->payload_len };
     int rc = rs_ud_rx_consume(rx, &iov, h->payload_len ? 1 : 0);
-    rs_soft_mr_read_unlock(dev);
-    if (rc != 0)
+    if (rc != 0) {
+        rs_soft_mr_read_unlock(dev);
         return;             /* counted; a segment that fails its CRC is never marked valid */
+    }
+    /* The completion is added before the region's lock is released: once rs_rnic_mr_invalidate (write lock)
+     * returns, every record placed under the old STag is on the CQ (rnic.h, adopted sockets). */
 
     if (!r) {
         r = alloc_record(ud);
@@ -141,8 +186,10 @@ void rs_ud_record_rx(struct rs_ud_rx *rx)
     uint64_t full = r->seg_count == 64 ? ~0ull : (1ull << r->seg_count) - 1;
     if (r->valid_map == full || h->last) {
         complete(ud, r, RS_WC_SUCCESS);
+        rs_soft_mr_read_unlock(dev);
         return;
     }
+    rs_soft_mr_read_unlock(dev);
     r->deadline_ns = timeout_from_now(ud);
     rs_ud_note_deadline(ud, r->deadline_ns);
 }

@@ -13,6 +13,10 @@
  * The CRC covers header and payload and can only be checked after the payload was placed. A segment that fails
  * it is never reported: a SEND's receive goes back to the queue untouched as far as completions go, a
  * Write-Record segment is not marked valid (its bytes, inside the bounds the header was allowed, are undefined).
+ *
+ * A QP that adopted the application's socket (rs_rnic_ud_adopt_fd) shares the port with plain UDP: a datagram
+ * that is not datagram-iWARP (the decoder refuses its header) or that fails the CRC (the kernel already checked
+ * UDP's checksum, so it was never ours) is handed back raw, byte for byte, with an RS_WC_RECV_RAW completion.
  */
 #include <errno.h>
 #include <netinet/in.h>
@@ -36,6 +40,128 @@ bool rs_ud_addr_equal(const struct sockaddr_storage *a, const struct sockaddr_st
         return x->sin6_port == y->sin6_port && memcmp(&x->sin6_addr, &y->sin6_addr, sizeof(x->sin6_addr)) == 0;
     }
     return false;
+}
+
+/* ---- raw hand-back (adopted sockets) ---- */
+
+/* Write-Record completions the QP's active records will still produce, without a further room check. */
+static uint32_t records_pending(const struct rs_soft_ud *ud)
+{
+    uint32_t n = 0;
+    for (unsigned i = 0; i < RS_UD_MAX_RECORDS; i++)
+        n += ud->records[i].used && ud->records[i].active;
+    return n;
+}
+
+bool rs_ud_cq_room(struct rs_soft_ud *ud)
+{
+    struct rs_soft_cq *cq = ud->qp->recv_cq;
+    uint32_t reserved = records_pending(ud) + 1;
+    pthread_mutex_lock(&cq->lock);
+    bool room = !cq->overflowed && cq->depth - cq->count > reserved;
+    pthread_mutex_unlock(&cq->lock);
+    return room;
+}
+
+bool rs_ud_raw_room(struct rs_soft_ud *ud, size_t len)
+{
+    if (ud->raw_count >= ud->raw_max_count || ud->raw_bytes + len > ud->raw_max_bytes) {
+        RS_UD_COUNT(ud, rx_raw_dropped, 1);
+        return false;
+    }
+    if (!rs_ud_cq_room(ud)) {
+        RS_UD_COUNT(ud, rx_no_room, 1);
+        return false;
+    }
+    return true;
+}
+
+struct rs_rnic_raw_dgram *rs_ud_raw_alloc(const struct rs_ud_rx *rx, size_t len, enum rs_rnic_wc_status status)
+{
+    struct rs_rnic_raw_dgram *d = malloc(sizeof(*d) + (len ? len : 1));
+    if (!d)
+        return NULL;
+    memset(d, 0, sizeof(*d));
+    d->status = status;
+    d->len = (uint32_t)len;
+    memcpy(&d->src, &rx->src, sizeof(d->src));
+    d->src_len = rx->src_len;
+    return d;
+}
+
+void rs_ud_raw_push(struct rs_soft_ud *ud, struct rs_rnic_raw_dgram *d)
+{
+    struct rs_soft_qp *qp = ud->qp;
+    d->next = NULL;
+    if (ud->raw_tail)
+        ud->raw_tail->next = d;
+    else
+        ud->raw_head = d;
+    ud->raw_tail = d;
+    ud->raw_count++;
+    ud->raw_bytes += d->len;
+    RS_UD_COUNT(ud, rx_raw, 1);
+    struct rs_rnic_wc wc;
+    memset(&wc, 0, sizeof(wc));
+    wc.status = d->status;
+    wc.opcode = RS_WC_RECV_RAW;
+    wc.byte_len = d->len;
+    wc.qp = &qp->base;
+    memcpy(&wc.src, &d->src, sizeof(wc.src));
+    if (d->status != RS_WC_SUCCESS) {
+        wc.record.rkey = d->record.rkey;
+        wc.record.offset = d->record.to;
+        wc.record.msg_len = d->record.msg_len;
+    }
+    rs_soft_cq_push(qp->recv_cq, &wc);
+}
+
+/* Reads a datagram that is not datagram-iWARP whole into a raw entry. */
+static void hand_back_raw(struct rs_ud_rx *rx)
+{
+    struct rs_soft_ud *ud = rx->ud;
+    if (!rs_ud_raw_room(ud, rx->dgram_len))
+        return;
+    struct rs_rnic_raw_dgram *d = rs_ud_raw_alloc(rx, rx->dgram_len, RS_WC_SUCCESS);
+    if (!d)
+        return;
+    rx->consumed = true;
+    if (rx->fd >= 0) {
+        struct iovec iov = { .iov_base = d->data, .iov_len = rx->dgram_len };
+        struct msghdr msg;
+        memset(&msg, 0, sizeof(msg));
+        msg.msg_iov = &iov;
+        msg.msg_iovlen = 1;
+        ssize_t n = rs_soft_sys_recvmsg(rx->fd, &msg, MSG_DONTWAIT);
+        if (n < 0 || (size_t)n != rx->dgram_len) {
+            free(d);
+            return;
+        }
+    } else if (rx->dgram_len) {
+        memcpy(d->data, rx->buf, rx->dgram_len);
+    }
+    rs_ud_raw_push(ud, d);
+}
+
+/* A datagram that decoded as ours but failed the CRC was never ours: put its bytes back together, unchanged. */
+static void hand_back_failed_crc(struct rs_ud_rx *rx, const uint8_t *hdr, const struct iovec *payload, int iovcnt,
+                                 const uint8_t *trailer)
+{
+    struct rs_soft_ud *ud = rx->ud;
+    if (!rs_ud_raw_room(ud, rx->dgram_len))
+        return;
+    struct rs_rnic_raw_dgram *d = rs_ud_raw_alloc(rx, rx->dgram_len, RS_WC_SUCCESS);
+    if (!d)
+        return;
+    uint8_t *p = d->data;
+    memcpy(p, hdr, rx->h.hdr_len);
+    p += rx->h.hdr_len;
+    for (int i = 0; i < iovcnt; i++) {
+        memcpy(p, payload[i].iov_base, payload[i].iov_len);
+        p += payload[i].iov_len;
+    }
+    memcpy(p, trailer, RS_UD_CRC_LEN);
+    rs_ud_raw_push(ud, d);
 }
 
 /* ---- reading a datagram ---- */
@@ -94,6 +220,8 @@ int rs_ud_rx_consume(struct rs_ud_rx *rx, const struct iovec *payload, int iovcn
     uint32_t crc = rs_ud_crc(hdr, rx->h.hdr_len, payload, iovcnt);
     if (crc != rs_crc32c_wire_get(trailer) || memcmp(hdr, rx->hdr_bytes, rx->h.hdr_len) != 0) {
         RS_SOFT_STAT(rx->ud->qp->dev, rx_drop_crc, 1);
+        if (rx->ud->adopted)
+            hand_back_failed_crc(rx, hdr, payload, iovcnt, trailer);
         return -EBADMSG;
     }
     RS_SOFT_STAT(rx->ud->qp->dev, rx_bytes, rx->h.payload_len);
@@ -169,6 +297,7 @@ static void send_single(struct rs_ud_rx *rx)
     struct rs_soft_recv_wqe *wqe;
     if (rs_soft_rq_take(qp, &wqe) != 0) {
         RS_SOFT_STAT(qp->dev, rx_drop_no_recv, 1);
+        RS_UD_COUNT(ud, rx_no_recv, 1);
         return;
     }
     if (rx->h.msg_len > wqe->length) {
@@ -256,10 +385,12 @@ static void send_segment(struct rs_ud_rx *rx)
     struct rs_ud_partial *p = find_partial(ud, &rx->src, h->msn);
     if (p && !p->active) {
         RS_SOFT_STAT(qp->dev, rx_drop_late, 1);
+        RS_UD_COUNT(ud, rx_refused, 1);
         return;
     }
     if (p && p->msg_len != h->msg_len) {
         RS_SOFT_STAT(qp->dev, rx_drop_header, 1);
+        RS_UD_COUNT(ud, rx_refused, 1);
         return;
     }
     bool fresh = false;
@@ -281,6 +412,7 @@ static void send_segment(struct rs_ud_rx *rx)
         struct rs_soft_recv_wqe *wqe;
         if (rs_soft_rq_take(qp, &wqe) != 0) {
             RS_SOFT_STAT(qp->dev, rx_drop_no_recv, 1);
+            RS_UD_COUNT(ud, rx_no_recv, 1);
             bury(ud, p);            /* the rest of this message has nowhere to go either */
             return;
         }
@@ -360,8 +492,15 @@ static int rx_datagram(struct rs_ud_rx *rx, size_t avail)
     } else if (rs_soft_test_should_drop(dev)) {
         result = -ECANCELED;
     } else if (rs_ud_decode(rx->hdr_bytes, avail, rx->dgram_len, &rx->h) != 0) {
-        RS_SOFT_STAT(dev, rx_drop_header, 1);
-        result = -EBADMSG;
+        if (ud->adopted) {
+            /* Plain UDP on the application's port: back to the socket layer, byte for byte. */
+            hand_back_raw(rx);
+            result = rx->consumed ? 0 : -ENOBUFS;
+        } else {
+            RS_SOFT_STAT(dev, rx_drop_header, 1);
+            RS_UD_COUNT(ud, rx_refused, 1);
+            result = -EBADMSG;
+        }
     } else {
         switch (rx->h.kind) {
         case RS_UD_KIND_SEND:

@@ -1,0 +1,168 @@
+/*
+ * ud.h: the UD emulation's internals, shared by ud.c (framing, send and receive paths, peers) and record.c
+ * (Write-Record and RDMA READ over datagrams).
+ *
+ * Every datagram the provider sends on a UD QP carries a 40-byte header (big-endian) in front of the payload:
+ *
+ *    0  magic 0xd5 | version 1 | opcode | flags        opcode: 1 SEND, 2 WRITE_RECORD, 3 READ request,
+ *    4  source port (16) | reserved (16)                       4 READ response
+ *    8  message id                                     flags: 1 last datagram, 2 solicited, 4 refused
+ *   12  message length
+ *   16  offset of this datagram's payload in the message
+ *   20  STag (WRITE_RECORD target, READ source)
+ *   24  address (64): WRITE_RECORD message start, READ source
+ *   32  segment length (WRITE_RECORD validity unit)
+ *   36  reserved
+ *
+ * A message longer than one datagram (path MTU minus the header) is cut into datagrams that the receiver puts
+ * back together in the posted receive (SEND) or in the target region (WRITE_RECORD). The source IP comes from
+ * the GRH the device hands us, the source port from the header: together they are what wc.src reports.
+ */
+#ifndef RS_RNIC_VERBS_UD_H
+#define RS_RNIC_VERBS_UD_H
+
+#include "rnic/verbs/verbs.h"
+
+#define RS_VUD_MAGIC 0xd5
+#define RS_VUD_VERSION 1
+
+enum rs_vud_opcode { RS_VUD_SEND = 1, RS_VUD_RECORD = 2, RS_VUD_READ_REQ = 3, RS_VUD_READ_RESP = 4 };
+enum rs_vud_flags { RS_VUD_F_LAST = 1, RS_VUD_F_SOLICITED = 2, RS_VUD_F_REFUSED = 4 };
+
+struct rs_vud_hdr {
+    uint8_t opcode, flags;
+    uint16_t src_port;
+    uint32_t msg_id, msg_len, offset, rkey, seg_len;
+    uint64_t addr;
+};
+
+void rs_vud_hdr_encode(const struct rs_vud_hdr *h, uint8_t *out);
+bool rs_vud_hdr_decode(const uint8_t *in, size_t len, struct rs_vud_hdr *h);
+
+/* Where a datagram came from. */
+struct rs_v_src {
+    uint8_t gid[16];                /* IPv4-mapped for IPv4 */
+    uint32_t qpn;
+    struct sockaddr_storage addr;   /* IP from the GRH, port from our header */
+};
+
+enum rs_v_job_kind { RS_V_JOB_SEND, RS_V_JOB_RECORD, RS_V_JOB_READ, RS_V_JOB_READ_RESP };
+
+/* One work request on its way out as datagrams (or an answer to a peer's READ). */
+struct rs_v_job {
+    struct rs_v_job *next;
+    enum rs_v_job_kind kind;
+    uint64_t wr_id;
+    bool signaled, solicited;
+    bool done;                      /* nothing more will happen; completes when it reaches the head */
+    bool reported;                  /* its completion already went out (flush) */
+    enum rs_rnic_wc_status status;
+    struct rs_v_peer *peer;         /* application jobs: a reference */
+    struct ibv_ah *ah;              /* READ responses: an AH made from the request */
+    uint32_t remote_qpn;
+    uint32_t msg_id;
+    uint64_t len;
+    uint32_t ndgrams, posted, completed;
+    uint32_t seg_len;
+    uint64_t remote_addr;
+    uint32_t rkey;
+    int num_sge;
+    struct rs_rnic_sge *sge;
+    struct rs_v_mr **mrs;           /* references that keep the ibv_mr alive while the device reads */
+    uint8_t *inline_data;
+    int cur_sge;                    /* gather cursor for the next datagram */
+    uint64_t cur_off;
+    uint64_t deadline_ms;           /* READ */
+    uint64_t received;              /* READ */
+};
+
+enum rs_v_msg_state { RS_V_MSG_ACTIVE, RS_V_MSG_DONE };
+
+/* A message being put back together (segmented SEND or WRITE_RECORD), or a finished one remembered for a while
+ * so its stragglers are recognised and dropped. */
+struct rs_v_msg {
+    struct rs_v_msg *hnext;
+    struct rs_v_msg *prev, *next;   /* age list */
+    uint8_t gid[16];
+    uint32_t qpn, msg_id;
+    enum rs_v_msg_state state;
+    uint8_t opcode;
+    uint64_t deadline_ms, done_ms;
+    struct rs_v_src src;
+    /* SEND */
+    struct rs_v_recv *recv;
+    uint64_t received;
+    /* WRITE_RECORD */
+    uint32_t rkey, msg_len, seg_len;
+    uint64_t addr, region_base;
+    uint32_t seg_bytes[RS_V_RECORD_SEGMENTS];
+    uint64_t map;
+    uint32_t valid;
+    bool solicited;
+};
+
+struct rs_v_ud {
+    struct rs_v_qp *qp;
+    struct ibv_cq *cq;
+    struct rdma_cm_id *bind_id;
+    struct rs_v_idref bind_ref;
+    struct sockaddr_storage local;
+    uint16_t port;
+    atomic_bool bound;
+    atomic_bool error;
+    uint32_t mtu, chunk;
+    /* receive ring: GRH + one datagram per slot */
+    uint8_t *rbuf;
+    struct ibv_mr *rmr;
+    uint32_t rcount, rsize;
+    /* send slots: our header (+ inline data) per datagram in flight */
+    uint8_t *sbuf;
+    struct ibv_mr *smr;
+    uint32_t scount, ssize;
+    struct rs_v_job **sjob;
+    uint32_t *sfree, nsfree;
+    struct ibv_sge *ssge;           /* per slot: the datagram's gather list (header + payload pieces) */
+    uint32_t nssge;                 /* entries per slot */
+    struct ibv_send_wr batch[32];   /* datagrams prepared, posted with one doorbell */
+    uint32_t nbatch;
+    pthread_mutex_t progress_lock;  /* one at a time runs the internal CQ: the thread or a polling caller */
+    pthread_mutex_t tx_lock;
+    struct rs_v_job *app_head, *app_tail;   /* posted, in order */
+    struct rs_v_job *resp_head, *resp_tail; /* READ answers */
+    uint32_t app_outstanding;
+    uint32_t next_msg_id;
+    atomic_uint qos_gen;
+    pthread_mutex_t rx_lock;
+    struct rs_v_msg **buckets;
+    uint32_t nbuckets;
+    struct rs_v_msg *age_head, *age_tail;
+    uint64_t dropped;               /* SEND messages with no receive posted */
+    uint64_t refused;               /* datagrams refused: malformed, protection, stragglers */
+};
+
+/* ud.c */
+void rs_v_ud_tx_pump(struct rs_v_ud *ud);
+void rs_v_ud_release(struct rs_v_ud *ud);
+struct rs_v_job *rs_v_job_new(uint32_t num_sge, size_t inline_len);
+void rs_v_job_free(struct rs_v_job *job);
+struct rs_v_msg *rs_v_msg_find(struct rs_v_ud *ud, const struct rs_v_src *src, uint32_t msg_id);
+struct rs_v_msg *rs_v_msg_new(struct rs_v_ud *ud, const struct rs_v_src *src, uint32_t msg_id, uint8_t opcode,
+                              uint64_t deadline_ms);
+void rs_v_msg_done(struct rs_v_msg *m, uint64_t now_ms);
+void rs_v_send_completion(struct rs_v_ud *ud, struct rs_v_job *job);
+/* Copies bytes into a scatter list at a message offset, checking every lkey in software (mr_lock held). */
+enum rs_rnic_wc_status rs_v_scatter(struct rs_v_qp *qp, const struct rs_rnic_sge *sge, int num_sge, uint64_t offset,
+                                    const uint8_t *data, uint32_t len);
+
+/* record.c */
+void rs_v_record_rx(struct rs_v_ud *ud, const struct rs_vud_hdr *h, const uint8_t *payload, uint32_t len,
+                    const struct rs_v_src *src);
+/* Reports the record: closed by its last datagram, or by its deadline (timed_out). */
+void rs_v_record_report(struct rs_v_ud *ud, struct rs_v_msg *m, bool timed_out);
+uint32_t rs_v_record_seg_len(uint32_t chunk, uint64_t len);
+void rs_v_read_request(struct rs_v_ud *ud, const struct rs_vud_hdr *h, const struct ibv_wc *wc, const uint8_t *grh,
+                       const struct rs_v_src *src);
+void rs_v_read_response(struct rs_v_ud *ud, const struct rs_vud_hdr *h, const uint8_t *payload, uint32_t len,
+                        const struct rs_v_src *src);
+
+#endif /* RS_RNIC_VERBS_UD_H */

@@ -1,0 +1,1042 @@
+/*
+ * sdp_conn.c: socket life cycle on the RNIC: rings and queue pair, Hello/HelloAck, connect, listen and accept, the
+ * CM events, the progress step every caller runs, shutdown and close (graceful, lingering, abortive, orphaned),
+ * timers and keepalive.
+ *
+ * Close handshake: DisConn is SDP's FIN. It follows the last byte of data (and needs a credit like data does);
+ * once a side has both sent and received DisConn and its own sends completed, it asks the RNIC for an orderly
+ * disconnect and the QPs are torn down. A connection that ends in any other way (CM DISCONNECTED without DisConn,
+ * CM ERROR, AbortConn, a failed completion) is a reset: ECONNRESET for the application.
+ */
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "sdp_stream/sdp_int.h"
+
+static socklen_t addr_len(const struct sockaddr_storage *ss)
+{
+    return ss->ss_family == AF_INET6 ? (socklen_t)sizeof(struct sockaddr_in6) : (socklen_t)sizeof(struct sockaddr_in);
+}
+
+static uint16_t addr_port(const struct sockaddr_storage *ss)
+{
+    if (ss->ss_family == AF_INET)
+        return ntohs(((const struct sockaddr_in *)ss)->sin_port);
+    if (ss->ss_family == AF_INET6)
+        return ntohs(((const struct sockaddr_in6 *)ss)->sin6_port);
+    return 0;
+}
+
+static uint32_t clamp_u32(uint64_t v, uint32_t lo, uint32_t hi)
+{
+    return v < lo ? lo : v > hi ? hi : (uint32_t)v;
+}
+
+/* ---- rings and RNIC objects ---- */
+
+int rs_sdp_setup_rings(struct rs_sdp_sock *s)
+{
+    const struct rs_rnic_caps *caps = s->dev->caps;
+    uint32_t space = clamp_u32(s->rcvbuf, SDP_MIN_BUFSPACE, SDP_MAX_BUFSPACE);
+    /* Each buffer holds a page-multiple payload plus the BSDH, so an application writing 64 KiB at a time
+     * fills exactly one message instead of one full and one 16-byte message. */
+    uint32_t payload = space / SDP_RING_TARGET_BUFS;
+    payload &= ~4095u;
+    payload = clamp_u32(payload, SDP_MIN_RBUF, SDP_MAX_RBUF);
+    if (caps->max_rc_msg && payload + RS_SDP_BSDH_LEN > caps->max_rc_msg)
+        payload = (caps->max_rc_msg - RS_SDP_BSDH_LEN) & ~63u;
+    uint32_t rbuf = payload + RS_SDP_BSDH_LEN;
+    uint32_t nbufs = clamp_u32(space / payload, SDP_MIN_RX_BUFS, SDP_MAX_RX_BUFS);
+    if (nbufs > caps->max_qp_wr)
+        nbufs = caps->max_qp_wr;
+    uint32_t sq = 2 * nbufs + 64;
+    if (sq > caps->max_qp_wr)
+        sq = caps->max_qp_wr;
+    s->rbuf_size = rbuf;
+    s->nbufs = nbufs;
+    s->sq_depth = sq;
+    s->sbuf_size = clamp_u32(s->sndbuf, SDP_MIN_BUFSPACE, SDP_MAX_BUFSPACE);
+    s->cq_depth = sq + nbufs + 16;
+    if (caps->max_cqe && s->cq_depth > caps->max_cqe)
+        return -ENOMEM;
+
+    s->rbuf_mem = aligned_alloc(4096, ((size_t)nbufs * rbuf + 4095) & ~(size_t)4095);
+    s->sbuf_mem = aligned_alloc(4096, ((size_t)s->sbuf_size + 4095) & ~(size_t)4095);
+    s->hdr_mem = aligned_alloc(64, (size_t)sq * SDP_HDR_SLOT);
+    s->slots = calloc(sq, sizeof(*s->slots));
+    s->rxq_cap = nbufs + 4;
+    s->rxq = calloc(s->rxq_cap, sizeof(*s->rxq));
+    if (!s->rbuf_mem || !s->sbuf_mem || !s->hdr_mem || !s->slots || !s->rxq)
+        return -ENOMEM;
+    memset(s->hdr_mem, 0, (size_t)sq * SDP_HDR_SLOT);
+    struct rs_rnic_pd *pd = s->dev->pd;
+    int r = rs_rnic_reg_mr(pd, s->rbuf_mem, (size_t)nbufs * rbuf, RS_ACCESS_LOCAL_WRITE, &s->rbuf_mr);
+    if (r == 0)
+        r = rs_rnic_reg_mr(pd, s->sbuf_mem, s->sbuf_size, RS_ACCESS_LOCAL_WRITE, &s->sbuf_mr);
+    if (r == 0)
+        r = rs_rnic_reg_mr(pd, s->hdr_mem, (size_t)sq * SDP_HDR_SLOT, RS_ACCESS_LOCAL_WRITE, &s->hdr_mr);
+    if (r == 0)
+        r = rs_rnic_create_cq(s->dev->rnic, s->cq_depth, &s->cq);
+    if (r == 0 && !s->cm)
+        r = rs_rnic_cm_create(s->dev->rnic, &s->cm);
+    if (r != 0)
+        return r;
+    struct rs_rnic_qp_attr attr = {
+        .type = RS_QPT_RC, .send_cq = s->cq, .recv_cq = s->cq, .max_send_wr = sq, .max_recv_wr = nbufs,
+        .max_send_sge = 3, .max_recv_sge = 1, .max_inline = 0, .sq_sig_all = true, .context = s,
+    };
+    r = rs_rnic_create_qp(pd, &attr, &s->qp);
+    if (r != 0)
+        return r;
+    for (uint32_t i = 0; i < nbufs; i++)
+        rs_sdp_post_recv_buf(s, i);
+    if (s->rx_posted != nbufs)
+        return -ENOMEM;
+    rs_rnic_cq_arm(s->cq, false);
+    s->stats.rx_bufs = nbufs;
+    s->stats.rx_buf_size = rbuf;
+    return 0;
+}
+
+void rs_sdp_free_rnic(struct rs_sdp_sock *s)
+{
+    if (s->listener) {
+        rs_rnic_listener_close(s->listener);
+        s->listener = NULL;
+    }
+    if (s->qp) {
+        rs_rnic_destroy_qp(s->qp);
+        s->qp = NULL;
+    }
+    if (s->cq) {
+        rs_rnic_destroy_cq(s->cq);
+        s->cq = NULL;
+    }
+    if (s->cm) {
+        rs_rnic_cm_destroy(s->cm);
+        s->cm = NULL;
+    }
+    if (s->rbuf_mr)
+        rs_rnic_dereg_mr(s->rbuf_mr);
+    if (s->sbuf_mr)
+        rs_rnic_dereg_mr(s->sbuf_mr);
+    if (s->hdr_mr)
+        rs_rnic_dereg_mr(s->hdr_mr);
+    s->rbuf_mr = s->sbuf_mr = s->hdr_mr = NULL;
+    if (s->sink.reg && s->dev)
+        rs_sdp_reg_put(s->dev->cache, s->sink.reg);
+    if (s->zsrc.reg && s->dev)
+        rs_sdp_reg_put(s->dev->cache, s->zsrc.reg);
+    s->sink.reg = s->zsrc.reg = NULL;
+    free(s->rbuf_mem);
+    free(s->sbuf_mem);
+    free(s->hdr_mem);
+    free(s->slots);
+    free(s->rxq);
+    s->rbuf_mem = s->sbuf_mem = s->hdr_mem = NULL;
+    s->slots = NULL;
+    s->rxq = NULL;
+}
+
+/* ---- Hello ---- */
+
+static void hello_fill(struct rs_sdp_sock *s, struct rs_sdp_hello *h)
+{
+    memset(h, 0, sizeof(*h));
+    h->bsdh.bufs = (uint16_t)(s->rx_posted > 0 ? s->rx_posted - 1 : 0);
+    h->version = RS_SDP_VERSION;
+    h->ip_version = s->family == AF_INET6 ? 6 : 4;
+    h->caps = RS_SDP_CAP_INVALIDATE;
+    h->max_adverts = 1;
+    h->desired_remote_rcv_size = s->rbuf_size;
+    h->rcv_size = s->rbuf_size;
+    h->port = addr_port(&s->local);
+    h->has_ext = true;
+    h->ext_flags = RS_SDP_EXT_ZCOPY;
+    h->ka_rkey = s->dev->ka_mr->rkey;
+    h->ka_addr = (uint64_t)(uintptr_t)s->dev->ka_target;
+    s->adv_bufs = h->bsdh.bufs;
+    s->adv_ack = 0;
+}
+
+/* Takes what the peer's Hello or HelloAck says about itself. */
+static int hello_apply(struct rs_sdp_sock *s, const struct rs_sdp_hello *h)
+{
+    if (h->rcv_size < RS_SDP_BSDH_LEN + 64)
+        return -EPROTO;
+    uint32_t max = s->dev->caps->max_rc_msg ? s->dev->caps->max_rc_msg : UINT32_MAX;
+    s->peer_rbuf_size = h->rcv_size < max ? h->rcv_size : max;
+    if (s->rx_mseq_last == 0) {
+        /* A message from the peer may already have been processed (completions can overtake the CM event):
+         * its credits are newer than the Hello's. */
+        s->peer_bufs = h->bsdh.bufs;
+        s->peer_ack = 0;
+    }
+    s->peer_zcopy = h->has_ext && (h->ext_flags & RS_SDP_EXT_ZCOPY) && h->max_adverts > 0;
+    s->peer_ka_rkey = h->has_ext ? h->ka_rkey : 0;
+    s->peer_ka_addr = h->ka_addr;
+    s->stats.peer_buf_size = s->peer_rbuf_size;
+    s->zthresh = rs_sdp_zthresh(s);
+    return 0;
+}
+
+/* ---- creation, bind, listen ---- */
+
+int rs_sdp_socket(int family, int rnic_kind, unsigned flags, struct rs_sdp_sock **out)
+{
+    *out = NULL;
+    if (family != AF_INET && family != AF_INET6)
+        return -EAFNOSUPPORT;
+    rs_sdp_global_init();
+    struct rs_sdp_sock *s = rs_sdp_sock_alloc(family, rnic_kind);
+    if (!s)
+        return -ENOMEM;
+    s->nonblock = (flags & RS_SDP_NONBLOCK) != 0;
+    *out = s;
+    return 0;
+}
+
+int rs_sdp_bind(struct rs_sdp_sock *s, const struct sockaddr *addr, socklen_t len)
+{
+    int r = rs_sdp_check_epoch(s);
+    if (r != 0)
+        return r;
+    if (!addr || len < (socklen_t)sizeof(struct sockaddr_in) || len > (socklen_t)sizeof(struct sockaddr_storage))
+        return -EINVAL;
+    if (addr->sa_family != AF_INET && addr->sa_family != AF_INET6)
+        return -EAFNOSUPPORT;
+    if (addr->sa_family == AF_INET6 && len < (socklen_t)sizeof(struct sockaddr_in6))
+        return -EINVAL;
+    pthread_mutex_lock(&s->lock);
+    if (s->state != SDP_ST_IDLE || s->bound) {
+        pthread_mutex_unlock(&s->lock);
+        return -EINVAL;
+    }
+    memset(&s->local, 0, sizeof(s->local));
+    memcpy(&s->local, addr, len);
+    s->bound = true;
+    pthread_mutex_unlock(&s->lock);
+    return 0;
+}
+
+int rs_sdp_listen(struct rs_sdp_sock *s, int backlog)
+{
+    int r = rs_sdp_check_epoch(s);
+    if (r != 0)
+        return r;
+    pthread_mutex_lock(&s->lock);
+    if (s->state == SDP_ST_LISTEN) {
+        s->backlog = backlog > 0 ? backlog : 1;     /* a second listen() only changes the backlog */
+        pthread_mutex_unlock(&s->lock);
+        return 0;
+    }
+    if (s->state != SDP_ST_IDLE) {
+        pthread_mutex_unlock(&s->lock);
+        return -EINVAL;
+    }
+    if (!s->bound) {
+        memset(&s->local, 0, sizeof(s->local));
+        s->local.ss_family = (sa_family_t)s->family;
+    }
+    r = rs_sdp_dev_get(s->kind_wanted, (const struct sockaddr *)&s->local, &s->dev);
+    if (r == 0)
+        r = rs_rnic_cm_create(s->dev->rnic, &s->cm);
+    if (r == 0)
+        r = rs_rnic_listen(s->cm, (const struct sockaddr *)&s->local, addr_len(&s->local),
+                           backlog > 0 ? backlog : 1, &s->listener);
+    if (r == 0)
+        r = rs_rnic_listener_addr(s->listener, &s->local);
+    if (r != 0) {
+        if (s->listener) {
+            rs_rnic_listener_close(s->listener);
+            s->listener = NULL;
+        }
+        if (s->cm) {
+            rs_rnic_cm_destroy(s->cm);
+            s->cm = NULL;
+        }
+        pthread_mutex_unlock(&s->lock);
+        return r;
+    }
+    s->bound = true;
+    s->backlog = backlog > 0 ? backlog : 1;
+    s->state = SDP_ST_LISTEN;
+    r = rs_sdp_progress_attach(s);
+    pthread_mutex_unlock(&s->lock);
+    return r;
+}
+
+/* ---- the passive side ---- */
+
+static void child_inherit(struct rs_sdp_sock *c, const struct rs_sdp_sock *l)
+{
+    c->rcvbuf = l->rcvbuf;
+    c->sndbuf = l->sndbuf;
+    c->rcvlowat = l->rcvlowat;
+    c->rcvtimeo_ms = l->rcvtimeo_ms;
+    c->sndtimeo_ms = l->sndtimeo_ms;
+    c->linger_on = l->linger_on;
+    c->linger_s = l->linger_s;
+    c->keepalive = l->keepalive;
+    c->ka_idle = l->ka_idle;
+    c->ka_intvl = l->ka_intvl;
+    c->ka_cnt = l->ka_cnt;
+    c->nodelay = l->nodelay;
+    c->cork = l->cork;
+    c->zerocopy_opt = l->zerocopy_opt;
+    c->zcopy_opt = l->zcopy_opt;
+    c->zcopy_adaptive = l->zcopy_adaptive;
+    c->local = l->local;
+    c->bound = true;
+}
+
+/* Listener lock held. Consumes the request (accepted or rejected). */
+static void on_connect_request(struct rs_sdp_sock *l, struct rs_rnic_cm_event *ev)
+{
+    struct rs_sdp_hello hello;
+    int r = rs_sdp_hello_decode(ev->private_data, ev->private_data_len, &hello);
+    if (r != 0) {
+        RS_DEBUG("sdp: refusing a connection whose Hello is unusable (%d)", r);
+        rs_rnic_reject(ev->request, NULL, 0);
+        return;
+    }
+    if (l->app_closed || l->state != SDP_ST_LISTEN || l->children >= l->backlog) {
+        rs_rnic_reject(ev->request, NULL, 0);
+        return;
+    }
+    struct rs_sdp_sock *c = rs_sdp_sock_alloc(l->family, l->kind_wanted);
+    if (!c) {
+        rs_rnic_reject(ev->request, NULL, 0);
+        return;
+    }
+    child_inherit(c, l);
+    c->dev = l->dev;
+    c->peer = ev->peer;
+    c->peer_valid = true;
+    r = rs_sdp_setup_rings(c);
+    if (r == 0)
+        r = hello_apply(c, &hello);
+    if (r != 0) {
+        RS_WARN("sdp: cannot set up an accepted connection: %d", r);
+        rs_rnic_reject(ev->request, NULL, 0);
+        rs_sdp_put(c);
+        return;
+    }
+    struct rs_sdp_hello ack;
+    hello_fill(c, &ack);
+    uint8_t pd[RS_SDP_HELLO_ACK_LEN];
+    size_t n = rs_sdp_hello_ack_encode(&ack, pd, sizeof(pd));
+    c->state = SDP_ST_ACCEPTING;
+    c->parent = l;
+    rs_sdp_get(l);
+    l->children++;
+    c->last_rx_ms = rs_sdp_now_ms();
+    /* Watch the child before accepting, so its ESTABLISHED event and first data are seen. */
+    r = rs_sdp_progress_attach(c);
+    if (r == 0)
+        r = rs_rnic_accept(ev->request, c->qp, c->cm, pd, (uint32_t)n);
+    else
+        rs_rnic_reject(ev->request, NULL, 0);
+    if (r != 0) {
+        RS_DEBUG("sdp: accept failed: %d", r);
+        l->children--;
+        pthread_mutex_lock(&c->lock);
+        c->app_closed = true;
+        rs_sdp_fail(c, ECONNABORTED, false);
+        pthread_mutex_unlock(&c->lock);
+        rs_sdp_put(c);      /* the listener's ownership; the watchers' reference frees it */
+    }
+}
+
+/* Child lock held: the connection is established, hand it to the listener's accept queue. Lock order child →
+ * listener. */
+static void child_established(struct rs_sdp_sock *c)
+{
+    struct rs_sdp_sock *l = c->parent;
+    pthread_mutex_lock(&l->lock);
+    if (l->state == SDP_ST_LISTEN && !l->app_closed) {
+        c->q_next = NULL;
+        if (l->acceptq_tail)
+            l->acceptq_tail->q_next = c;
+        else
+            l->acceptq_head = c;
+        l->acceptq_tail = c;
+        l->dirty = true;
+        rs_sdp_signal(l);
+        pthread_mutex_unlock(&l->lock);
+        return;
+    }
+    if (l->children > 0)
+        l->children--;
+    pthread_mutex_unlock(&l->lock);
+    /* The listener went away while this connection was being set up: nobody will accept it. */
+    c->app_closed = true;
+    rs_sdp_fail(c, ECONNABORTED, true);
+    rs_sdp_put(c);      /* the listener's ownership; the watchers still hold one until teardown */
+}
+
+/* Child lock held: failed before it was ever queued; the listener's ownership ends here. */
+static void child_failed_early(struct rs_sdp_sock *c)
+{
+    struct rs_sdp_sock *l = c->parent;
+    pthread_mutex_lock(&l->lock);
+    if (l->children > 0)
+        l->children--;
+    pthread_mutex_unlock(&l->lock);
+    c->app_closed = true;
+    rs_sdp_put(c);      /* the listener's ownership; the watchers still hold one until teardown */
+}
+
+int rs_sdp_accept(struct rs_sdp_sock *s, unsigned flags, struct rs_sdp_sock **out, struct sockaddr *peer,
+                  socklen_t *peer_len)
+{
+    int r = rs_sdp_check_epoch(s);
+    if (r != 0)
+        return r;
+    *out = NULL;
+    rs_sdp_get(s);
+    pthread_mutex_lock(&s->lock);
+    uint64_t deadline = s->rcvtimeo_ms > 0 ? rs_sdp_now_ms() + (uint64_t)s->rcvtimeo_ms : 0;
+    struct rs_sdp_sock *c = NULL;
+    for (;;) {
+        rs_sdp_progress(s);
+        if (s->state != SDP_ST_LISTEN || s->app_closed) {
+            r = s->app_closed ? -EBADF : -EINVAL;
+            break;
+        }
+        if (s->acceptq_head) {
+            c = s->acceptq_head;
+            s->acceptq_head = c->q_next;
+            if (!s->acceptq_head)
+                s->acceptq_tail = NULL;
+            s->children--;
+            r = 0;
+            break;
+        }
+        if (s->nonblock) {
+            r = -EAGAIN;
+            break;
+        }
+        r = rs_sdp_wait(s, deadline);
+        if (r == -ETIMEDOUT) {
+            r = -EAGAIN;
+            break;
+        }
+        if (r != 0)
+            break;
+    }
+    rs_sdp_signal(s);
+    pthread_mutex_unlock(&s->lock);
+    rs_sdp_put(s);
+    if (r != 0)
+        return r;
+    pthread_mutex_lock(&c->lock);
+    struct rs_sdp_sock *parent = c->parent;
+    c->parent = NULL;
+    c->q_next = NULL;
+    c->nonblock = (flags & RS_SDP_NONBLOCK) != 0;
+    if (peer && peer_len) {
+        socklen_t n = addr_len(&c->peer);
+        memcpy(peer, &c->peer, n < *peer_len ? n : *peer_len);
+        *peer_len = n;
+    }
+    pthread_mutex_unlock(&c->lock);
+    if (parent)
+        rs_sdp_put(parent);
+    *out = c;
+    return 0;
+}
+
+/* ---- the active side ---- */
+
+int rs_sdp_connect(struct rs_sdp_sock *s, const struct sockaddr *dst, socklen_t len)
+{
+    int r = rs_sdp_check_epoch(s);
+    if (r != 0)
+        return r;
+    if (!dst || len < (socklen_t)sizeof(struct sockaddr_in))
+        return -EINVAL;
+    if (dst->sa_family != AF_INET && dst->sa_family != AF_INET6)
+        return -EAFNOSUPPORT;
+    rs_sdp_get(s);
+    pthread_mutex_lock(&s->lock);
+    switch (s->state) {
+    case SDP_ST_IDLE:
+        break;
+    case SDP_ST_CONNECTING:
+        r = s->nonblock ? -EALREADY : 0;
+        break;
+    case SDP_ST_CONNECTED:
+    case SDP_ST_ACCEPTING:
+        r = -EISCONN;
+        break;
+    case SDP_ST_CLOSED:
+        r = s->so_error ? -s->so_error : -EISCONN;
+        s->so_error = 0;
+        break;
+    case SDP_ST_LISTEN:
+        r = -EISCONN;
+        break;
+    }
+    if (r != 0 || s->state == SDP_ST_CONNECTING)
+        goto wait_or_out;
+    r = rs_sdp_dev_get(s->kind_wanted, s->bound ? (const struct sockaddr *)&s->local : NULL, &s->dev);
+    if (r == 0)
+        r = rs_sdp_setup_rings(s);
+    if (r != 0) {
+        rs_sdp_free_rnic(s);
+        goto out;
+    }
+    memset(&s->peer, 0, sizeof(s->peer));
+    memcpy(&s->peer, dst, len < sizeof(s->peer) ? len : sizeof(s->peer));
+    s->peer_valid = true;
+    struct rs_sdp_hello hello;
+    hello_fill(s, &hello);
+    uint8_t pd[RS_SDP_HELLO_LEN];
+    size_t n = rs_sdp_hello_encode(&hello, pd, sizeof(pd));
+    s->state = SDP_ST_CONNECTING;
+    r = rs_sdp_progress_attach(s);
+    if (r == 0)
+        r = rs_rnic_connect(s->qp, s->cm, dst, len, pd, (uint32_t)n, SDP_CONNECT_TIMEOUT_MS);
+    if (r != 0) {
+        s->state = SDP_ST_CLOSED;
+        s->cm_gone = true;
+        goto out;
+    }
+    s->last_rx_ms = rs_sdp_now_ms();
+    if (s->nonblock) {
+        r = -EINPROGRESS;
+        goto out;
+    }
+wait_or_out:
+    if (r == 0 && s->state == SDP_ST_CONNECTING) {
+        uint64_t deadline = s->sndtimeo_ms > 0 ? rs_sdp_now_ms() + (uint64_t)s->sndtimeo_ms : 0;
+        for (;;) {
+            rs_sdp_progress(s);
+            if (s->state != SDP_ST_CONNECTING)
+                break;
+            r = rs_sdp_wait(s, deadline);
+            if (r == -ETIMEDOUT) {
+                r = -EINPROGRESS;   /* as a kernel socket with SO_SNDTIMEO: the attempt continues */
+                goto out;
+            }
+            if (r != 0)
+                goto out;
+        }
+        if (s->state == SDP_ST_CONNECTED) {
+            r = 0;
+        } else {
+            r = s->so_error ? -s->so_error : -ECONNREFUSED;
+            s->so_error = 0;
+        }
+    }
+out:
+    rs_sdp_signal(s);
+    pthread_mutex_unlock(&s->lock);
+    rs_sdp_put(s);
+    return r;
+}
+
+/* ---- CM events ---- */
+
+static void process_cq(struct rs_sdp_sock *s);
+
+static int cm_error_to_errno(const struct rs_rnic_cm_event *ev)
+{
+    switch (ev->type) {
+    case RS_RNIC_CM_EV_REJECTED:
+        return ECONNREFUSED;
+    case RS_RNIC_CM_EV_TIMEOUT:
+        return ETIMEDOUT;
+    case RS_RNIC_CM_EV_UNREACHABLE:
+        if (ev->error == -ENETUNREACH || ev->error == -EHOSTUNREACH || ev->error == -ECONNREFUSED)
+            return -ev->error;
+        return ev->error == -EPROTO ? EPROTO : EHOSTUNREACH;
+    default:
+        return ECONNRESET;
+    }
+}
+
+static void on_cm_event(struct rs_sdp_sock *s, struct rs_rnic_cm_event *ev)
+{
+    if (s->state == SDP_ST_LISTEN || ev->type == RS_RNIC_CM_EV_CONNECT_REQUEST) {
+        if (ev->type == RS_RNIC_CM_EV_CONNECT_REQUEST) {
+            if (s->state == SDP_ST_LISTEN)
+                on_connect_request(s, ev);
+            else
+                rs_rnic_reject(ev->request, NULL, 0);
+        }
+        return;
+    }
+    if (ev->qp && ev->qp != s->qp)
+        return;
+    switch (ev->type) {
+    case RS_RNIC_CM_EV_ESTABLISHED:
+        if (s->state == SDP_ST_CONNECTING) {
+            struct rs_sdp_hello ack;
+            int r = rs_sdp_hello_ack_decode(ev->private_data, ev->private_data_len, &ack);
+            if (r == 0)
+                r = hello_apply(s, &ack);
+            if (r != 0) {
+                RS_DEBUG("sdp: the peer's HelloAck is unusable (%d)", r);
+                rs_sdp_fail(s, EPROTO, false);
+                return;
+            }
+            s->state = SDP_ST_CONNECTED;
+            s->last_rx_ms = rs_sdp_now_ms();
+            s->dirty = true;
+        } else if (s->state == SDP_ST_ACCEPTING) {
+            s->state = SDP_ST_CONNECTED;
+            s->last_rx_ms = rs_sdp_now_ms();
+            if (s->parent)
+                child_established(s);
+            s->dirty = true;
+        }
+        break;
+    case RS_RNIC_CM_EV_REJECTED:
+    case RS_RNIC_CM_EV_UNREACHABLE:
+    case RS_RNIC_CM_EV_TIMEOUT:
+        s->cm_gone = true;
+        if (s->state == SDP_ST_ACCEPTING && s->parent)
+            child_failed_early(s);
+        rs_sdp_fail(s, cm_error_to_errno(ev), false);
+        break;
+    case RS_RNIC_CM_EV_DISCONNECTED:
+    case RS_RNIC_CM_EV_ERROR: {
+        /* Completions the peer's last messages produced are older than this event: take them first, so a
+         * DisConn that is already in the CQ counts. */
+        process_cq(s);
+        s->cm_gone = true;
+        bool early = s->state == SDP_ST_ACCEPTING && s->parent;
+        if (early)
+            child_failed_early(s);
+        if (s->state == SDP_ST_CLOSED)
+            break;
+        /* Everything the peer sent before DisConn has been received (the QP delivers in order and the CQ was
+         * drained before this event was looked at), so after both DisConns this is the normal end. */
+        if (ev->type == RS_RNIC_CM_EV_DISCONNECTED && s->disconn_sent && s->disconn_rcvd) {
+            s->graceful = true;
+            s->state = SDP_ST_CLOSED;
+            s->dirty = true;
+            rs_sdp_z_fail(s);
+        } else {
+            rs_sdp_fail(s, ECONNRESET, false);
+        }
+        break;
+    }
+    default:
+        break;
+    }
+}
+
+/* ---- the progress step ---- */
+
+static void process_cm(struct rs_sdp_sock *s)
+{
+    if (!s->cm)
+        return;
+    struct rs_rnic_cm_event ev;
+    while (s->cm && rs_rnic_cm_get_event(s->cm, &ev) == 0)
+        on_cm_event(s, &ev);
+}
+
+static void process_cq(struct rs_sdp_sock *s)
+{
+    struct rs_rnic_wc wc[32];
+    while (s->cq) {
+        int n = rs_rnic_poll_cq(s->cq, (int)RS_ARRAY_SIZE(wc), wc);
+        if (n < 0) {
+            /* Overflow means our accounting of outstanding work is wrong: nothing can be trusted any more. */
+            RS_ERROR("sdp: completion queue failed (%d)", n);
+            s->cm_gone = true;
+            rs_sdp_fail(s, EIO, false);
+            return;
+        }
+        if (n == 0)
+            return;
+        for (int i = 0; i < n; i++) {
+            if (wc[i].wr_id & SDP_WR_SEND)
+                rs_sdp_on_send_complete(s, &wc[i]);
+            else
+                rs_sdp_on_recv(s, &wc[i]);
+        }
+    }
+}
+
+static void progress_step(struct rs_sdp_sock *s, bool with_cm)
+{
+    if (s->epoch != rs_sdp_epoch)
+        return;
+    if (with_cm)
+        process_cm(s);
+    process_cq(s);
+    if ((s->state == SDP_ST_CONNECTED || s->state == SDP_ST_ACCEPTING) && !s->broken) {
+        rs_sdp_tx_push(s, false);
+        rs_sdp_credit_update_check(s);
+    }
+    rs_sdp_maybe_finish(s);
+    if (s->dirty) {
+        s->dirty = false;
+        rs_sdp_signal(s);
+    }
+}
+
+void rs_sdp_progress(struct rs_sdp_sock *s)
+{
+    bool on_loop = rs_sdp_progress_on_loop();
+    /* Application threads look at CM events only while they matter to them: on verbs each look is a system
+     * call, and a connected socket's events (disconnect, error) are the progress thread's business. A
+     * listener's connect requests are handled on the progress thread only: accepting one attaches the new
+     * socket to the progress thread, which must not be waited for while holding the listener's lock. */
+    bool with_cm = on_loop || (s->state != SDP_ST_CONNECTED && s->state != SDP_ST_LISTEN);
+    progress_step(s, with_cm);
+    if (!on_loop && !s->teardown_queued && s->pw)
+        rs_sdp_progress_retime(s, rs_sdp_timers(s, rs_sdp_now_ms()));
+}
+
+uint64_t rs_sdp_on_cq(struct rs_sdp_sock *s)
+{
+    pthread_mutex_lock(&s->lock);
+    if (s->cq)
+        rs_rnic_cq_ack_events(s->cq);
+    progress_step(s, false);
+    if (s->cq) {
+        rs_rnic_cq_arm(s->cq, false);
+        progress_step(s, false);    /* what arrived between the last poll and the arm */
+    }
+    uint64_t next = rs_sdp_timers(s, rs_sdp_now_ms());
+    pthread_mutex_unlock(&s->lock);
+    return next;
+}
+
+uint64_t rs_sdp_on_cm(struct rs_sdp_sock *s)
+{
+    pthread_mutex_lock(&s->lock);
+    progress_step(s, true);
+    uint64_t next = rs_sdp_timers(s, rs_sdp_now_ms());
+    pthread_mutex_unlock(&s->lock);
+    return next;
+}
+
+uint64_t rs_sdp_on_timer(struct rs_sdp_sock *s)
+{
+    pthread_mutex_lock(&s->lock);
+    progress_step(s, true);
+    uint64_t next = rs_sdp_timers(s, rs_sdp_now_ms());
+    if (s->dirty) {
+        s->dirty = false;
+        rs_sdp_signal(s);
+    }
+    pthread_mutex_unlock(&s->lock);
+    return next;
+}
+
+/* ---- failure, teardown ---- */
+
+void rs_sdp_fail(struct rs_sdp_sock *s, int err, bool send_abort)
+{
+    /* Only the first failure is reported: later echoes of it (flushed work, the CM event) must not re-arm an
+     * error the application already took. */
+    if (s->state == SDP_ST_CLOSED)
+        return;
+    if (err && !s->so_error)
+        s->so_error = err;
+    bool was_open = s->state == SDP_ST_CONNECTED || s->state == SDP_ST_ACCEPTING;
+    bool abort_sent = false;
+    if (send_abort && was_open && s->qp && !s->cm_gone && !s->broken && rs_sdp_can_send_ctrl(s))
+        abort_sent = rs_sdp_post_msg(s, RS_SDP_MID_ABORT, NULL, 0, 0, 0) == 0;
+    s->broken = true;
+    s->rx_eof = true;
+    s->state = SDP_ST_CLOSED;
+    /* A reset discards what was received and not read, as TCP does. */
+    rs_sdp_rx_discard_all(s);
+    if (s->qp && !s->cm_gone && !s->rnic_disconnect_done) {
+        s->rnic_disconnect_done = true;
+        /* After an AbortConn an orderly disconnect lets it reach the peer first; otherwise reset at once. */
+        if (abort_sent)
+            rs_rnic_disconnect(s->qp);
+        else
+            rs_rnic_qp_set_error(s->qp);
+    }
+    rs_sdp_z_fail(s);
+    s->dirty = true;
+    rs_sdp_maybe_finish(s);
+}
+
+void rs_sdp_maybe_finish(struct rs_sdp_sock *s)
+{
+    if ((s->state == SDP_ST_CONNECTED || s->state == SDP_ST_ACCEPTING) && !s->broken && s->disconn_sent &&
+        s->disconn_rcvd && !s->rnic_disconnect_done && !s->cm_gone && s->sq_used == 0) {
+        s->rnic_disconnect_done = true;
+        s->graceful = true;
+        rs_rnic_disconnect(s->qp);
+    }
+    if (s->app_closed && !s->teardown_queued && (s->state == SDP_ST_CLOSED || s->state == SDP_ST_IDLE)) {
+        s->teardown_queued = true;
+        if (s->orphan_counted) {
+            s->orphan_counted = false;
+            rs_sdp_progress_register_orphan(s, -1);
+        }
+        if (s->pw)
+            rs_sdp_progress_detach(s);
+    }
+}
+
+/* ---- shutdown and close ---- */
+
+int rs_sdp_shutdown(struct rs_sdp_sock *s, int how)
+{
+    int r = rs_sdp_check_epoch(s);
+    if (r != 0)
+        return r;
+    if (how != SHUT_RD && how != SHUT_WR && how != SHUT_RDWR)
+        return -EINVAL;
+    pthread_mutex_lock(&s->lock);
+    rs_sdp_progress(s);
+    if (s->state == SDP_ST_LISTEN && how != SHUT_WR) {
+        /* Linux lets shutdown(SHUT_RD) stop a listener: blocked accepts return EINVAL. */
+        s->state = SDP_ST_CLOSED;
+        if (s->listener) {
+            rs_rnic_listener_close(s->listener);
+            s->listener = NULL;
+        }
+        s->dirty = true;
+    } else if (s->state != SDP_ST_CONNECTED) {
+        r = -ENOTCONN;
+    } else {
+        if (how != SHUT_WR)
+            s->rd_shut = true;
+        if (how != SHUT_RD && !s->wr_shut) {
+            s->wr_shut = true;
+            rs_sdp_tx_push(s, true);
+        }
+        s->dirty = true;
+    }
+    if (s->dirty) {
+        s->dirty = false;
+        rs_sdp_signal(s);
+    }
+    pthread_mutex_unlock(&s->lock);
+    return r;
+}
+
+static void close_listener(struct rs_sdp_sock *s)
+{
+    s->state = SDP_ST_CLOSED;
+    if (s->listener) {
+        rs_rnic_listener_close(s->listener);
+        s->listener = NULL;
+    }
+    struct rs_sdp_sock *q = s->acceptq_head;
+    s->acceptq_head = s->acceptq_tail = NULL;
+    s->children = 0;
+    pthread_mutex_unlock(&s->lock);
+    /* Connections nobody accepted are reset, as the kernel does for a closed listener's queue. */
+    while (q) {
+        struct rs_sdp_sock *c = q;
+        q = c->q_next;
+        pthread_mutex_lock(&c->lock);
+        c->q_next = NULL;
+        c->app_closed = true;
+        rs_sdp_fail(c, ECONNRESET, true);
+        rs_sdp_maybe_finish(c);
+        pthread_mutex_unlock(&c->lock);
+        rs_sdp_put(c);      /* the listener's ownership */
+    }
+    pthread_mutex_lock(&s->lock);
+}
+
+int rs_sdp_close(struct rs_sdp_sock *s)
+{
+    if (rs_sdp_check_epoch(s) != 0)
+        return 0;   /* inherited across fork: the parent still owns the connection; nothing to do here */
+    pthread_mutex_lock(&s->lock);
+    if (s->app_closed) {
+        pthread_mutex_unlock(&s->lock);
+        return -EBADF;
+    }
+    int r = 0;
+    rs_sdp_progress(s);
+    s->app_closed = true;
+    switch (s->state) {
+    case SDP_ST_IDLE:
+        s->state = SDP_ST_CLOSED;
+        break;
+    case SDP_ST_LISTEN:
+        close_listener(s);
+        break;
+    case SDP_ST_CONNECTING:
+    case SDP_ST_ACCEPTING:
+        rs_sdp_fail(s, ECONNABORTED, false);
+        break;
+    case SDP_ST_CONNECTED: {
+        bool unread = s->rx_bytes_queued > 0 || s->rxq_count > 0;
+        if ((s->linger_on && s->linger_s == 0) || unread) {
+            rs_sdp_fail(s, ECONNRESET, true);
+            break;
+        }
+        s->rd_shut = true;
+        s->wr_shut = true;
+        s->close_deadline = rs_sdp_now_ms() + SDP_ORPHAN_TIMEOUT_MS;
+        s->orphan_counted = true;
+        rs_sdp_progress_register_orphan(s, 1);
+        rs_sdp_tx_push(s, true);
+        if (s->linger_on) {
+            uint64_t deadline = rs_sdp_now_ms() + (uint64_t)s->linger_s * 1000u;
+            for (;;) {
+                rs_sdp_progress(s);
+                if (s->state == SDP_ST_CLOSED || s->broken)
+                    break;
+                if (s->disconn_sent && rs_sdp_seq_diff(s->peer_ack, s->disconn_mseq) >= 0)
+                    break;
+                int w = rs_sdp_wait(s, deadline);
+                if (w == -ETIMEDOUT) {
+                    r = -EWOULDBLOCK;
+                    break;
+                }
+                if (w == -EINTR) {
+                    r = -EINTR;
+                    break;
+                }
+            }
+        }
+        break;
+    }
+    case SDP_ST_CLOSED:
+        break;
+    }
+    s->dirty = true;
+    rs_sdp_maybe_finish(s);
+    if (!s->teardown_queued && s->pw)
+        rs_sdp_progress_retime(s, rs_sdp_timers(s, rs_sdp_now_ms()));
+    rs_sdp_signal(s);       /* blocked callers see app_closed and return -EBADF */
+    s->dirty = false;
+    pthread_mutex_unlock(&s->lock);
+    rs_sdp_put(s);
+    return r;
+}
+
+/* ---- timers and keepalive ---- */
+
+static bool post_ka_read(struct rs_sdp_sock *s)
+{
+    if (!rs_sdp_sq_has_room(s, 1))
+        return false;
+    uint32_t slot = rs_sdp_slot_alloc(s, SDP_SLOT_KA_READ);
+    struct rs_rnic_sge sge = {
+        .addr = (uint64_t)(uintptr_t)(s->hdr_mem + (size_t)slot * SDP_HDR_SLOT + 32), .length = 8,
+        .lkey = s->hdr_mr->lkey,
+    };
+    struct rs_rnic_send_wr wr = {
+        .wr_id = SDP_WR_SEND | slot, .opcode = RS_WR_RDMA_READ, .flags = RS_SEND_SIGNALED, .sg_list = &sge,
+        .num_sge = 1,
+    };
+    wr.rdma.remote_addr = s->peer_ka_addr;
+    wr.rdma.rkey = s->peer_ka_rkey;
+    struct rs_rnic_send_wr *bad = NULL;
+    if (rs_rnic_post_send(s->qp, &wr, &bad) != 0) {
+        s->slots[slot].done = true;     /* released by the next completion sweep */
+        return false;
+    }
+    return true;
+}
+
+#define CONSIDER(next, t) \
+    do { \
+        uint64_t t_ = (t); \
+        if (t_ && ((next) == 0 || t_ < (next))) \
+            (next) = t_; \
+    } while (0)
+
+uint64_t rs_sdp_timers(struct rs_sdp_sock *s, uint64_t now)
+{
+    uint64_t next = 0;
+    bool open = (s->state == SDP_ST_CONNECTED || s->state == SDP_ST_ACCEPTING) && !s->broken;
+    if (open) {
+        uint64_t hold = rs_sdp_tx_hold_deadline(s);
+        if (hold && now >= hold) {
+            rs_sdp_tx_push(s, true);
+            hold = rs_sdp_tx_hold_deadline(s);
+        }
+        CONSIDER(next, hold);
+        rs_sdp_z_timer(s, now);
+        CONSIDER(next, rs_sdp_z_deadline(s));
+    }
+    if (open && s->keepalive && s->state == SDP_ST_CONNECTED && s->peer_ka_rkey) {
+        uint64_t idle = (uint64_t)s->ka_idle * 1000u;
+        uint64_t intvl = (uint64_t)(s->ka_intvl > 0 ? s->ka_intvl : 1) * 1000u;
+        if (!s->ka_read_out) {
+            uint64_t due = s->last_rx_ms + idle;
+            if (now >= due) {
+                if (post_ka_read(s)) {
+                    s->ka_read_out = true;
+                    s->ka_probe_ms = now;
+                    s->ka_missed = 0;
+                } else {
+                    CONSIDER(next, now + 100);
+                }
+            } else {
+                CONSIDER(next, due);
+            }
+        }
+        if (s->ka_read_out) {
+            uint64_t missed = (now - s->ka_probe_ms) / intvl;
+            s->ka_missed = (int)missed;
+            if (missed >= (uint64_t)(s->ka_cnt > 0 ? s->ka_cnt : 1)) {
+                RS_DEBUG("sdp: keepalive: peer silent for %llu ms, resetting",
+                         (unsigned long long)(now - s->ka_probe_ms));
+                rs_sdp_fail(s, ETIMEDOUT, false);
+            } else {
+                CONSIDER(next, s->ka_probe_ms + (missed + 1) * intvl);
+            }
+        }
+    }
+    if (s->close_deadline && s->state != SDP_ST_CLOSED) {
+        if (now >= s->close_deadline)
+            rs_sdp_fail(s, ETIMEDOUT, true);
+        else
+            CONSIDER(next, s->close_deadline);
+    }
+    return next;
+}
+
+/* ---- names ---- */
+
+int rs_sdp_getsockname(struct rs_sdp_sock *s, struct sockaddr *addr, socklen_t *len)
+{
+    int r = rs_sdp_check_epoch(s);
+    if (r != 0)
+        return r;
+    pthread_mutex_lock(&s->lock);
+    struct sockaddr_storage a = s->local;
+    if (!s->bound) {
+        memset(&a, 0, sizeof(a));
+        a.ss_family = (sa_family_t)s->family;
+    }
+    pthread_mutex_unlock(&s->lock);
+    socklen_t n = addr_len(&a);
+    memcpy(addr, &a, n < *len ? n : *len);
+    *len = n;
+    return 0;
+}
+
+int rs_sdp_getpeername(struct rs_sdp_sock *s, struct sockaddr *addr, socklen_t *len)
+{
+    int r = rs_sdp_check_epoch(s);
+    if (r != 0)
+        return r;
+    pthread_mutex_lock(&s->lock);
+    bool ok = s->peer_valid && (s->state == SDP_ST_CONNECTED || (s->state == SDP_ST_CLOSED && !s->broken));
+    struct sockaddr_storage a = s->peer;
+    pthread_mutex_unlock(&s->lock);
+    if (!ok)
+        return -ENOTCONN;
+    socklen_t n = addr_len(&a);
+    memcpy(addr, &a, n < *len ? n : *len);
+    *len = n;
+    return 0;
+}

@@ -1,0 +1,383 @@
+/*
+ * sdp_int.h: what the sdp_stream files share. Not for other layers (they use sdp.h).
+ *
+ * Locking: one mutex per socket (s->lock) guards everything in struct rs_sdp_sock except refs (atomic) and the
+ * fields marked "progress thread". Copies between the application's buffers and the rings run outside the lock:
+ * a receiver owns the head of the receive queue while rx_busy is set, a sender owns the free part of the send ring
+ * while tx_busy is set. Lock order: listener before child is never taken; a child's lock is released before its
+ * listener's is taken. The progress module's queue lock, the device table lock and the registration cache lock are
+ * leaves. Nothing calls into the progress thread synchronously while holding a socket lock.
+ */
+#ifndef RS_SDP_STREAM_SDP_INT_H
+#define RS_SDP_STREAM_SDP_INT_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/socket.h>
+
+#include "rnic/rnic.h"
+#include "sdp_stream/sdp.h"
+#include "sdp_stream/sdp_wire.h"
+
+/* ---- tunables (docs/sdp.md explains each) ---- */
+#define SDP_DEFAULT_RCVBUF (1u << 20)           /* receive ring, bytes, as SO_RCVBUF reports it */
+#define SDP_DEFAULT_SNDBUF (1u << 20)           /* send buffer */
+#define SDP_MIN_BUFSPACE (16u * 1024u)
+#define SDP_MAX_BUFSPACE (64u << 20)
+#define SDP_MIN_RBUF 4096u                      /* smallest receive buffer (BSDH included) */
+#define SDP_MAX_RBUF (64u * 1024u)
+#define SDP_RING_TARGET_BUFS 16u                /* the ring is split into about this many buffers */
+#define SDP_MIN_RX_BUFS 8u
+#define SDP_MAX_RX_BUFS 4096u
+#define SDP_HDR_SLOT 64u                        /* bytes of header space per send queue slot */
+#define SDP_NAGLE_MS 5u                         /* longest a partial message waits for an acknowledgement */
+#define SDP_CORK_MS 200u                        /* longest TCP_CORK / MSG_MORE hold a partial message */
+#define SDP_ORPHAN_TIMEOUT_MS 60000u            /* a closed socket's connection is given this long to finish */
+#define SDP_EXIT_FLUSH_MS 3000u                 /* at process exit, time given to orphans to deliver data */
+#define SDP_CONNECT_TIMEOUT_MS 5000u
+#define SDP_CANCEL_TIMEOUT_MS 2000u             /* a cancel not answered within this resets the connection */
+#define SDP_SRCAVAIL_IDLE_MS 200u               /* a SrcAvail nobody reads is cancelled after this (bcopy takes over) */
+#define SDP_ZCOPY_MIN_THRESHOLD 4096u
+#define SDP_ZCOPY_MAX_THRESHOLD (1u << 20)
+#define SDP_KA_IDLE_DEFAULT 7200
+#define SDP_KA_INTVL_DEFAULT 75
+#define SDP_KA_CNT_DEFAULT 9
+
+enum sdp_state {
+    SDP_ST_IDLE,            /* created, maybe bound */
+    SDP_ST_LISTEN,
+    SDP_ST_CONNECTING,      /* active side, waiting for ESTABLISHED */
+    SDP_ST_ACCEPTING,       /* passive child, accepted, waiting for ESTABLISHED */
+    SDP_ST_CONNECTED,       /* both directions may still be open: see the shutdown flags */
+    SDP_ST_CLOSED,          /* the connection is over (closed, reset or failed to connect) */
+};
+
+/* wr_id layout: bit 63 set for send-queue work, the low bits are the slot or receive buffer index. */
+#define SDP_WR_SEND (1ull << 63)
+
+enum sdp_slot_kind {
+    SDP_SLOT_FREE = 0,
+    SDP_SLOT_MSG,           /* a SEND; ring_bytes of the send ring are released on completion */
+    SDP_SLOT_WRITE,         /* RDMA WRITE into the peer's sink; ring_bytes as above */
+    SDP_SLOT_READ,          /* RDMA READ of the peer's SrcAvail */
+    SDP_SLOT_KA_READ,       /* keepalive probe */
+    SDP_SLOT_ZWRITE,        /* RDMA WRITE from the application's buffer into the peer's sink */
+};
+
+struct sdp_slot {
+    uint8_t kind;
+    bool done;
+    uint8_t mid;
+    uint32_t ring_bytes;
+};
+
+enum sdp_rx_kind { SDP_RX_DATA = 1, SDP_RX_SRC = 2 };
+
+struct sdp_rx_entry {
+    uint8_t kind;
+    uint32_t buf;           /* DATA: receive buffer index */
+    uint32_t off;           /* DATA: next unread byte within the buffer */
+    uint32_t len;           /* DATA: unread bytes; SRC: unread bytes of the advertisement */
+};
+
+struct sdp_waiter {
+    struct sdp_waiter *next;
+    int fd;
+    bool signalled;
+};
+
+struct sdp_reg;             /* registration cache entry (sdp_regcache.c) */
+
+/* One opened RNIC, its PD and what every socket on it shares. Lives until process exit. */
+struct sdp_dev {
+    struct sdp_dev *next;
+    struct rs_rnic *rnic;
+    struct rs_rnic_pd *pd;
+    int kind;
+    const struct rs_rnic_caps *caps;
+    uint8_t *ka_target;             /* 64 readable bytes: the target of the peers' keepalive READs */
+    struct rs_rnic_mr *ka_mr;
+    struct sdp_regcache *cache;
+};
+
+struct rs_sdp_sock {
+    pthread_mutex_t lock;
+    atomic_int refs;
+    unsigned epoch;                 /* fork generation the socket belongs to */
+    int family;
+    int kind_wanted;
+    enum sdp_state state;
+    bool app_closed;                /* rs_sdp_close was called */
+    bool nonblock;
+    bool bound;
+    bool peer_valid;
+    struct sockaddr_storage local, peer;
+
+    /* options */
+    uint32_t rcvbuf, sndbuf;        /* as reported (doubled) */
+    int rcvlowat;
+    int64_t rcvtimeo_ms, sndtimeo_ms;   /* 0: wait for ever */
+    bool linger_on;
+    int linger_s;
+    bool keepalive;
+    int ka_idle, ka_intvl, ka_cnt;
+    bool nodelay, cork, reuseaddr, zerocopy_opt;
+    int zcopy_opt;                  /* -1: default threshold; 0: off; else bytes */
+    bool zcopy_adaptive;
+
+    /* RNIC objects */
+    struct sdp_dev *dev;
+    struct rs_rnic_cm *cm;
+    struct rs_rnic_cq *cq;
+    struct rs_rnic_qp *qp;
+    struct rs_rnic_listener *listener;
+    uint32_t cq_depth;
+
+    /* listener side */
+    struct rs_sdp_sock *parent;     /* child: its listener (a reference is held) until accepted */
+    struct rs_sdp_sock *q_next;     /* link in the listener's accept queue */
+    struct rs_sdp_sock *acceptq_head, *acceptq_tail;
+    int backlog;
+    int children;                   /* accepted by us, not yet taken by rs_sdp_accept (queued or establishing) */
+
+    /* errors and shutdown */
+    int so_error;                   /* positive errno pending for the application */
+    bool rx_eof;                    /* peer sent DisConn (or the connection is gone): reads end */
+    bool rd_shut;                   /* SHUT_RD */
+    bool wr_shut;                   /* SHUT_WR asked: DisConn follows the pending data */
+    bool disconn_sent;
+    bool disconn_rcvd;
+    uint32_t disconn_mseq;
+    bool broken;                    /* reset / aborted / failed: nothing is sent any more */
+    bool rnic_disconnect_done;      /* rs_rnic_disconnect called */
+    bool cm_gone;                   /* DISCONNECTED or ERROR seen: the QP is in ERROR */
+    bool teardown_queued;
+    bool orphan_counted;            /* counted in the progress module's orphans (exit flush) */
+    bool dirty;                     /* something the application may see changed: signal at the end */
+    bool graceful;                  /* DisConn both ways: a later DISCONNECTED is the normal end */
+
+    /* readiness */
+    int notify_fd;
+    bool notify_on;
+    unsigned ready_mask;            /* mask as of the last signal */
+    uint16_t interest_count[16];    /* per poll bit */
+    struct sdp_waiter *waiters;
+
+    /* receive ring */
+    uint32_t rbuf_size;             /* each buffer, BSDH included */
+    uint32_t nbufs;
+    uint8_t *rbuf_mem;
+    struct rs_rnic_mr *rbuf_mr;
+    uint32_t rx_posted;
+    struct sdp_rx_entry *rxq;       /* FIFO of received data, capacity nbufs + 2 */
+    uint32_t rxq_cap, rxq_head, rxq_count;
+    uint64_t rx_bytes_queued;       /* what recv can return without waiting (SrcAvail bytes included) */
+    bool rx_busy;                   /* a receiver owns the queue head */
+    uint32_t rx_mseq_last;          /* last mseq received and processed */
+    uint32_t adv_bufs, adv_ack;     /* bufs and mseq_ack in the last message we sent */
+    uint8_t last_rx_mid;
+    bool last_rx_pure;              /* the last message received was a pure credit update */
+
+    /* transmit */
+    uint32_t peer_rbuf_size;        /* the peer's receive buffers: the largest message we may send */
+    uint32_t tx_mseq_next;          /* mseq of the next message (starts at 1) */
+    uint32_t peer_bufs, peer_ack;   /* from the latest message received */
+    bool overdraft_out;             /* a control message sent beyond our credits is not yet acknowledged */
+    uint32_t overdraft_mseq;
+    uint32_t last_data_mseq;        /* our last data-bearing message (Data, SrcAvail, RdmaWrCompl, DisConn) */
+    uint8_t *sbuf_mem;
+    struct rs_rnic_mr *sbuf_mr;
+    uint32_t sbuf_size;
+    uint64_t tx_tail;               /* bytes the application handed over */
+    uint64_t tx_posted;             /* bytes put on the wire (Data or RDMA WRITE) */
+    uint64_t tx_done;               /* bytes whose work request completed: ring space free again */
+    bool tx_busy;                   /* a sender owns the free part of the ring */
+    uint8_t *hdr_mem;               /* SDP_HDR_SLOT bytes per slot; also the keepalive READ sink */
+    struct rs_rnic_mr *hdr_mr;
+    struct sdp_slot *slots;
+    uint32_t sq_depth, sq_head, sq_tail, sq_used;
+    bool more_hold;                 /* the last send had MSG_MORE */
+    bool tx_stalled;                /* the last push stopped for lack of credits */
+    uint32_t nagle_mseq;            /* our last partial Data message, unacknowledged while peer_ack < it */
+    bool nagle_wait;
+    uint64_t hold_since_ms;         /* when the pending partial message started waiting */
+    uint64_t unacked_data_bytes;    /* for SIOCOUTQ: bytes posted but not covered by peer_ack */
+    uint32_t data_mseq_bytes_idx;
+
+    /* timers (all CLOCK_MONOTONIC ms, 0 = none) */
+    uint64_t close_deadline;        /* orphan / linger */
+    uint64_t timer_armed;           /* progress thread: deadline currently armed */
+
+    /* keepalive */
+    uint64_t last_rx_ms, last_tx_ms;
+    bool ka_read_out;
+    uint64_t ka_probe_ms;           /* when the outstanding probe was posted */
+    int ka_missed;
+    uint32_t peer_ka_rkey;
+    uint64_t peer_ka_addr;
+    uint32_t rtt_us;                /* smoothed keepalive/handshake round trip */
+
+    /* zero copy */
+    bool peer_zcopy;                /* the peer understands SrcAvail/SinkAvail */
+    uint32_t zthresh;               /* adaptive threshold in force; 0 = off */
+    int zcopy_score;                /* adaptivity: successes minus failures */
+    struct {                        /* our SrcAvail (we send) */
+        bool active;
+        bool cancel_sent;
+        bool resolved;              /* SendSm received, or every byte acknowledged */
+        bool send_sm;               /* resolved by SendSm */
+        uint32_t mseq, len, acked;
+        uint64_t posted_ms;
+        struct sdp_reg *reg;
+    } zsrc;
+    struct {                        /* the peer's SinkAvail we accepted (we send into it) */
+        bool active;
+        uint32_t mseq, len, rkey;
+        uint64_t vaddr;
+    } psink;
+    uint64_t zsrc_cancel_deadline;
+    bool zwrite_out;                /* an RDMA WRITE straight from the application's buffer is in flight */
+    bool zwrite_failed;
+    uint32_t owed_sink_cancel_acks; /* SinkCancelAck we must still send */
+    uint32_t owed_rd_compl;         /* bytes read from the peer's SrcAvail not yet acknowledged by RdmaRdCompl */
+    bool owed_send_sm;
+    struct {                        /* the peer's SrcAvail we consume (we receive) */
+        bool active;
+        bool cancel_pending;        /* SrcAvailCancel arrived while a READ was in flight */
+        bool send_sm_sent;
+        bool read_out;              /* an RDMA READ into the application's buffer is in flight */
+        bool read_failed;
+        uint32_t mseq, len, consumed, rkey;
+        uint64_t vaddr;
+    } psrc;
+    struct {                        /* our SinkAvail (we receive) */
+        bool active;
+        bool dead;                  /* crossed by data: the peer drops it */
+        bool retired;               /* RdmaWrCompl arrived */
+        bool cancel_sent;
+        bool cancel_acked;
+        uint32_t mseq, len, written;
+        uint64_t cancel_deadline;
+        struct sdp_reg *reg;
+    } sink;
+    uint32_t late_cancel_acks;      /* SinkCancelAck still to come for sinks we stopped waiting for */
+
+    struct rs_sdp_stats stats;
+    void *pw;                       /* progress watchers (sdp_progress.c) */
+};
+
+/* ---- sdp_sock.c ---- */
+uint64_t rs_sdp_now_ms(void);
+void rs_sdp_get(struct rs_sdp_sock *s);
+void rs_sdp_put(struct rs_sdp_sock *s);
+struct rs_sdp_sock *rs_sdp_sock_alloc(int family, int kind);
+/* Recomputes readiness, updates the notification fd and wakes blocked threads; lock held. */
+void rs_sdp_signal(struct rs_sdp_sock *s);
+unsigned rs_sdp_mask_locked(struct rs_sdp_sock *s);
+/* Sleeps until signalled, the deadline (0: none) or a signal; lock held on entry and return.
+ * Returns 0, -ETIMEDOUT or -EINTR. */
+int rs_sdp_wait(struct rs_sdp_sock *s, uint64_t deadline_ms);
+/* Same, but not interruptible by signals (for waits the protocol must finish). */
+int rs_sdp_wait_uninterruptible(struct rs_sdp_sock *s, uint64_t deadline_ms);
+int rs_sdp_check_epoch(const struct rs_sdp_sock *s);
+/* The pending socket error as a negative errno, consumed (reported once, as TCP does); fallback if none. */
+int rs_sdp_take_error(struct rs_sdp_sock *s, int fallback);
+
+/* ---- sdp_dev.c ---- */
+int rs_sdp_dev_get(int kind, const struct sockaddr *local, struct sdp_dev **out);
+int rs_sdp_kind_from_env(void);
+extern unsigned rs_sdp_epoch;
+void rs_sdp_global_init(void);
+
+/* ---- sdp_progress.c ---- */
+int rs_sdp_progress_attach(struct rs_sdp_sock *s);
+/* Stops watching; asynchronous when called on the loop thread. Drops the progress thread's reference. */
+void rs_sdp_progress_detach(struct rs_sdp_sock *s);
+/* Asks the loop to re-read the socket's deadline (rs_sdp_next_deadline) when it is earlier than the armed one. */
+void rs_sdp_progress_retime(struct rs_sdp_sock *s, uint64_t deadline_ms);
+bool rs_sdp_progress_on_loop(void);
+/* Runs at process exit: gives orphaned connections a bounded time to deliver their data. */
+void rs_sdp_progress_exit_flush(uint64_t budget_ms);
+void rs_sdp_progress_register_orphan(struct rs_sdp_sock *s, int delta);
+
+/* ---- sdp_conn.c ---- */
+/* Callbacks of the progress thread (lock not held on entry). Each returns the socket's next timer deadline
+ * (CLOCK_MONOTONIC ms, 0 for none). */
+uint64_t rs_sdp_on_cq(struct rs_sdp_sock *s);
+uint64_t rs_sdp_on_cm(struct rs_sdp_sock *s);
+uint64_t rs_sdp_on_timer(struct rs_sdp_sock *s);
+/* Processes CM events and completions, then pushes what became possible; lock held. */
+void rs_sdp_progress(struct rs_sdp_sock *s);
+/* Moves the connection to CLOSED with err (positive errno, 0 for none) and resets the QP; lock held. */
+void rs_sdp_fail(struct rs_sdp_sock *s, int err, bool send_abort);
+/* Lock held: evaluates timers, returns the next deadline (0 none). */
+uint64_t rs_sdp_timers(struct rs_sdp_sock *s, uint64_t now);
+void rs_sdp_maybe_finish(struct rs_sdp_sock *s);
+int rs_sdp_setup_rings(struct rs_sdp_sock *s);
+void rs_sdp_free_rnic(struct rs_sdp_sock *s);
+
+/* ---- sdp_tx.c ---- */
+int32_t rs_sdp_credits(const struct rs_sdp_sock *s);
+/* Posts one message whose header is built here; payload from the send ring ([ring_off, +ring_len)).
+ * Returns 0 or a negative errno (no slot / no credit: -EAGAIN). */
+int rs_sdp_post_msg(struct rs_sdp_sock *s, uint8_t mid, const struct rs_sdp_avail *avail, uint32_t compl_len,
+                    uint64_t ring_off, uint32_t ring_len);
+bool rs_sdp_can_send_ctrl(const struct rs_sdp_sock *s);
+bool rs_sdp_can_send_data(const struct rs_sdp_sock *s);
+/* Sends what the credits, Nagle, cork and the peer's sink allow; lock held. */
+void rs_sdp_tx_push(struct rs_sdp_sock *s, bool force);
+void rs_sdp_credit_update_check(struct rs_sdp_sock *s);
+void rs_sdp_on_send_complete(struct rs_sdp_sock *s, const struct rs_rnic_wc *wc);
+uint32_t rs_sdp_slot_alloc(struct rs_sdp_sock *s, enum sdp_slot_kind kind);
+bool rs_sdp_sq_has_room(const struct rs_sdp_sock *s, uint32_t n);
+uint64_t rs_sdp_tx_hold_deadline(const struct rs_sdp_sock *s);
+bool rs_sdp_tx_flushed(const struct rs_sdp_sock *s);
+
+/* ---- sdp_rx.c ---- */
+void rs_sdp_post_recv_buf(struct rs_sdp_sock *s, uint32_t idx);
+void rs_sdp_on_recv(struct rs_sdp_sock *s, const struct rs_rnic_wc *wc);
+void rs_sdp_rx_discard_all(struct rs_sdp_sock *s);
+
+/* ---- sdp_zcopy.c ---- */
+uint32_t rs_sdp_zthresh(const struct rs_sdp_sock *s);
+void rs_sdp_z_on_msg(struct rs_sdp_sock *s, const struct rs_sdp_bsdh *h, const struct rs_sdp_avail *avail,
+                     uint32_t compl_len);
+void rs_sdp_z_on_read_complete(struct rs_sdp_sock *s, const struct rs_rnic_wc *wc);
+/* Sender: push pending ring bytes into an accepted peer sink; lock held. Returns true if it did anything. */
+bool rs_sdp_z_push_sink(struct rs_sdp_sock *s, bool force);
+/* Sender: blocking zero-copy of [buf, len) through SrcAvail or the peer's sink. Returns bytes sent (may be short:
+ * the caller sends the rest by copy), or a negative errno. lock held, tx_busy owned. */
+ssize_t rs_sdp_z_send(struct rs_sdp_sock *s, const uint8_t *buf, size_t len, uint64_t deadline, bool *interrupted);
+/* Receiver: consume the SrcAvail at the queue head into buf; returns bytes placed or a negative errno. */
+ssize_t rs_sdp_z_read_src(struct rs_sdp_sock *s, uint8_t *buf, size_t len, bool peek);
+/* Receiver: advertise buf as a sink and wait; returns bytes written by the peer, 0 when the sink ended without
+ * data (the caller continues with the queue), or a negative errno. */
+ssize_t rs_sdp_z_sink_recv(struct rs_sdp_sock *s, uint8_t *buf, size_t len, uint64_t deadline, bool *interrupted);
+void rs_sdp_z_fail(struct rs_sdp_sock *s);
+/* Sends the zero-copy answers that were waiting for a credit; lock held. */
+void rs_sdp_z_flush_owed(struct rs_sdp_sock *s);
+void rs_sdp_z_on_write_complete(struct rs_sdp_sock *s, const struct rs_rnic_wc *wc);
+uint64_t rs_sdp_z_deadline(const struct rs_sdp_sock *s);
+void rs_sdp_z_timer(struct rs_sdp_sock *s, uint64_t now);
+
+/* ---- sdp_regcache.c ---- */
+struct sdp_regcache *rs_sdp_regcache_new(struct rs_rnic_pd *pd);
+/* A registration covering [addr, addr+len) with at least access; referenced until rs_sdp_reg_put. Its rkey is
+ * valid (fresh key bits since the last rs_sdp_reg_revoke). */
+int rs_sdp_reg_get(struct sdp_regcache *c, void *addr, size_t len, unsigned access, struct sdp_reg **out,
+                   bool *hit);
+struct rs_rnic_mr *rs_sdp_reg_mr(struct sdp_reg *r);
+/* Revokes remote access granted for the last advertisement (invalidates the rkey; the next get re-keys). Cache
+ * lock held: rs_sdp_reg_put does it when the last user lets go. */
+void rs_sdp_reg_revoke(struct sdp_reg *r);
+void rs_sdp_reg_put(struct sdp_regcache *c, struct sdp_reg *r);
+/* Buffer-reuse detection: true if [addr, addr+len) is cached, large enough to register for one use, or was seen
+ * before; otherwise remembers it and returns false (copy it this time). */
+bool rs_sdp_reg_worth(struct sdp_regcache *c, const void *addr, size_t len, size_t threshold);
+int rs_sdp_regcache_count(struct sdp_regcache *c);
+void rs_sdp_regcache_unmapped(struct sdp_regcache *c, uintptr_t start, uintptr_t end);
+void rs_sdp_regcache_all_unmapped(uintptr_t start, uintptr_t end);
+
+#endif /* RS_SDP_STREAM_SDP_INT_H */

@@ -1,0 +1,345 @@
+/*
+ * sdp_sock.c: socket objects, references, readiness (mask, notification fd) and blocking waits.
+ *
+ * Waiting: a blocked call sleeps in ppoll(2) on an eventfd that belongs to its thread (created on first use),
+ * after putting itself on the socket's waiter list; whoever changes the socket's state writes to every listed
+ * waiter's fd. A per-thread fd (rather than the socket's public notification fd) is what makes several blocked
+ * threads safe: one thread draining a shared fd could hide a wake-up meant for another. Sleeping in ppoll keeps
+ * the waits interruptible by signals (EINTR), as blocking socket calls are. The waiter also watches the socket's
+ * CQ fd, so a completion wakes it straight from the RNIC without a hop through the progress thread.
+ *
+ * System calls go through syscall(2): the interception layer interposes poll, read and write, and the library
+ * must not re-enter itself.
+ */
+#include <errno.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/log.h"
+#include "sdp_stream/sdp_int.h"
+
+uint64_t rs_sdp_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+/* ---- raw system calls ---- */
+
+static int sys_eventfd(void)
+{
+    return (int)syscall(SYS_eventfd2, 0, EFD_CLOEXEC | EFD_NONBLOCK);
+}
+
+static void sys_close(int fd)
+{
+    if (fd >= 0)
+        syscall(SYS_close, fd);
+}
+
+static void efd_write(int fd)
+{
+    uint64_t one = 1;
+    (void)!syscall(SYS_write, fd, &one, sizeof(one));
+}
+
+static void efd_drain(int fd)
+{
+    uint64_t v;
+    (void)!syscall(SYS_read, fd, &v, sizeof(v));
+}
+
+/* ---- per-thread wait fd ---- */
+
+static pthread_key_t wait_key;
+static pthread_once_t wait_once = PTHREAD_ONCE_INIT;
+static __thread int tls_wait_fd = -1;
+static __thread unsigned tls_wait_epoch;
+
+static void wait_fd_destroy(void *p)
+{
+    sys_close((int)(intptr_t)p - 1);
+}
+
+static void wait_key_init(void)
+{
+    pthread_key_create(&wait_key, wait_fd_destroy);
+}
+
+static int thread_wait_fd(void)
+{
+    if (tls_wait_fd >= 0 && tls_wait_epoch == rs_sdp_epoch)
+        return tls_wait_fd;
+    pthread_once(&wait_once, wait_key_init);
+    int fd = sys_eventfd();
+    if (fd < 0)
+        return -errno;
+    tls_wait_fd = fd;
+    tls_wait_epoch = rs_sdp_epoch;
+    pthread_setspecific(wait_key, (void *)(intptr_t)(fd + 1));
+    return fd;
+}
+
+/* ---- objects ---- */
+
+struct rs_sdp_sock *rs_sdp_sock_alloc(int family, int kind)
+{
+    struct rs_sdp_sock *s = calloc(1, sizeof(*s));
+    if (!s)
+        return NULL;
+    s->notify_fd = sys_eventfd();
+    if (s->notify_fd < 0) {
+        free(s);
+        return NULL;
+    }
+    pthread_mutexattr_t attr;
+    pthread_mutexattr_init(&attr);
+    pthread_mutex_init(&s->lock, &attr);
+    pthread_mutexattr_destroy(&attr);
+    atomic_init(&s->refs, 1);
+    s->epoch = rs_sdp_epoch;
+    s->family = family;
+    s->kind_wanted = kind;
+    s->state = SDP_ST_IDLE;
+    s->rcvbuf = SDP_DEFAULT_RCVBUF;
+    s->sndbuf = SDP_DEFAULT_SNDBUF;
+    s->rcvlowat = 1;
+    s->ka_idle = SDP_KA_IDLE_DEFAULT;
+    s->ka_intvl = SDP_KA_INTVL_DEFAULT;
+    s->ka_cnt = SDP_KA_CNT_DEFAULT;
+    s->zcopy_opt = -1;
+    s->zcopy_adaptive = true;
+    s->tx_mseq_next = 1;
+    return s;
+}
+
+void rs_sdp_get(struct rs_sdp_sock *s)
+{
+    atomic_fetch_add(&s->refs, 1);
+}
+
+void rs_sdp_put(struct rs_sdp_sock *s)
+{
+    if (atomic_fetch_sub(&s->refs, 1) != 1)
+        return;
+    rs_sdp_free_rnic(s);
+    if (s->parent)
+        rs_sdp_put(s->parent);
+    sys_close(s->notify_fd);
+    pthread_mutex_destroy(&s->lock);
+    free(s);
+}
+
+void rs_sdp_hold(struct rs_sdp_sock *s)
+{
+    rs_sdp_get(s);
+}
+
+void rs_sdp_release(struct rs_sdp_sock *s)
+{
+    rs_sdp_put(s);
+}
+
+int rs_sdp_check_epoch(const struct rs_sdp_sock *s)
+{
+    return s->epoch == rs_sdp_epoch ? 0 : -EBADF;
+}
+
+int rs_sdp_take_error(struct rs_sdp_sock *s, int fallback)
+{
+    if (!s->so_error)
+        return fallback;
+    int e = -s->so_error;
+    s->so_error = 0;
+    s->dirty = true;
+    return e;
+}
+
+/* ---- readiness ---- */
+
+static uint32_t sndbuf_free(const struct rs_sdp_sock *s)
+{
+    if (!s->sbuf_mem)
+        return 0;
+    return s->sbuf_size - (uint32_t)(s->tx_tail - s->tx_done);
+}
+
+unsigned rs_sdp_mask_locked(struct rs_sdp_sock *s)
+{
+    unsigned m = 0;
+    switch (s->state) {
+    case SDP_ST_IDLE:
+        m = POLLOUT | POLLHUP;
+        break;
+    case SDP_ST_LISTEN:
+        if (s->acceptq_head)
+            m |= POLLIN;
+        break;
+    case SDP_ST_CONNECTING:
+    case SDP_ST_ACCEPTING:
+        break;
+    case SDP_ST_CONNECTED:
+    case SDP_ST_CLOSED: {
+        bool closed = s->state == SDP_ST_CLOSED;
+        bool rcv_shut = closed || s->rx_eof || s->rd_shut;
+        bool snd_shut = closed || s->wr_shut || s->broken;
+        if (rcv_shut && snd_shut)
+            m |= POLLHUP;
+        if (rcv_shut)
+            m |= POLLIN | POLLRDHUP;
+        uint64_t lowat = s->rcvlowat > 0 ? (uint64_t)s->rcvlowat : 1;
+        if (s->rx_bytes_queued >= lowat)
+            m |= POLLIN;
+        if (snd_shut) {
+            m |= POLLOUT;
+        } else {
+            uint32_t free_bytes = sndbuf_free(s);
+            if (free_bytes > 0 && free_bytes >= s->sbuf_size / 4 && !s->zsrc.active)
+                m |= POLLOUT;
+        }
+        break;
+    }
+    }
+    if (s->so_error)
+        m |= POLLERR;
+    return m;
+}
+
+void rs_sdp_signal(struct rs_sdp_sock *s)
+{
+    unsigned mask = rs_sdp_mask_locked(s);
+    unsigned interest = POLLERR | POLLHUP;
+    for (unsigned bit = 0; bit < 16; bit++) {
+        if (s->interest_count[bit])
+            interest |= 1u << bit;
+    }
+    unsigned eff = mask & interest;
+    if (eff) {
+        /* Write on every call that finds something of interest ready: that is a state change (the callers only
+         * signal after one), and edge-triggered epoll needs a new edge for new data even when the fd was already
+         * readable. */
+        efd_write(s->notify_fd);
+        s->notify_on = true;
+    } else if (s->notify_on) {
+        efd_drain(s->notify_fd);
+        s->notify_on = false;
+    }
+    s->ready_mask = mask;
+    for (struct sdp_waiter *w = s->waiters; w; w = w->next) {
+        if (!w->signalled) {
+            w->signalled = true;
+            efd_write(w->fd);
+        }
+    }
+}
+
+static int wait_common(struct rs_sdp_sock *s, uint64_t deadline_ms, bool interruptible)
+{
+    int fd = thread_wait_fd();
+    if (fd < 0)
+        return fd;
+    struct sdp_waiter w = { .next = s->waiters, .fd = fd, .signalled = false };
+    s->waiters = &w;
+    struct pollfd pfd[2] = { { .fd = fd, .events = POLLIN }, { .fd = -1, .events = POLLIN } };
+    int nfds = 1;
+    if (s->cq && s->state != SDP_ST_CLOSED) {
+        /* Arm so a new completion makes the CQ fd readable; any completion already queued is found by the
+         * caller's next progress call (it loops), so the fd being readable already is harmless. */
+        rs_rnic_cq_arm(s->cq, false);
+        pfd[1].fd = rs_rnic_cq_fd(s->cq);
+        nfds = 2;
+    }
+    pthread_mutex_unlock(&s->lock);
+    int result = 0;
+    for (;;) {
+        struct timespec ts, *tsp = NULL;
+        if (deadline_ms) {
+            uint64_t now = rs_sdp_now_ms();
+            uint64_t left = deadline_ms > now ? deadline_ms - now : 0;
+            ts.tv_sec = (time_t)(left / 1000);
+            ts.tv_nsec = (long)(left % 1000) * 1000000L;
+            tsp = &ts;
+        }
+        long r = syscall(SYS_ppoll, pfd, (unsigned long)nfds, tsp, NULL, (size_t)(_NSIG / 8));
+        if (r > 0)
+            break;
+        if (r == 0) {
+            result = -ETIMEDOUT;
+            break;
+        }
+        if (errno == EINTR && interruptible) {
+            result = -EINTR;
+            break;
+        }
+        if (errno != EINTR) {
+            result = -errno;
+            break;
+        }
+    }
+    pthread_mutex_lock(&s->lock);
+    for (struct sdp_waiter **pp = &s->waiters; *pp; pp = &(*pp)->next) {
+        if (*pp == &w) {
+            *pp = w.next;
+            break;
+        }
+    }
+    efd_drain(fd);
+    if (nfds == 2 && (pfd[1].revents & POLLIN) && s->cq) {
+        /* Woken by the CQ itself: take the notification so the fd stops being readable (the progress thread
+         * does the same; both run under this lock). */
+        rs_rnic_cq_ack_events(s->cq);
+        rs_rnic_cq_arm(s->cq, false);
+    }
+    if (result == -ETIMEDOUT && deadline_ms && rs_sdp_now_ms() < deadline_ms)
+        result = 0;
+    return result;
+}
+
+int rs_sdp_wait(struct rs_sdp_sock *s, uint64_t deadline_ms)
+{
+    return wait_common(s, deadline_ms, true);
+}
+
+int rs_sdp_wait_uninterruptible(struct rs_sdp_sock *s, uint64_t deadline_ms)
+{
+    return wait_common(s, deadline_ms, false);
+}
+
+/* ---- public readiness calls ---- */
+
+unsigned rs_sdp_poll(struct rs_sdp_sock *s)
+{
+    if (rs_sdp_check_epoch(s) != 0)
+        return POLLNVAL;
+    pthread_mutex_lock(&s->lock);
+    rs_sdp_progress(s);
+    unsigned m = rs_sdp_mask_locked(s);
+    pthread_mutex_unlock(&s->lock);
+    return m;
+}
+
+int rs_sdp_fd(const struct rs_sdp_sock *s)
+{
+    return s->notify_fd;
+}
+
+void rs_sdp_interest(struct rs_sdp_sock *s, unsigned events, int delta)
+{
+    pthread_mutex_lock(&s->lock);
+    for (unsigned bit = 0; bit < 16; bit++) {
+        if (!(events & (1u << bit)))
+            continue;
+        int v = (int)s->interest_count[bit] + delta;
+        s->interest_count[bit] = (uint16_t)(v < 0 ? 0 : v > 65535 ? 65535 : v);
+    }
+    rs_sdp_progress(s);
+    rs_sdp_signal(s);
+    pthread_mutex_unlock(&s->lock);
+}

@@ -1,0 +1,466 @@
+/*
+ * sdp_tx.c: the sending half. Credits, one function that posts every SDP message, the push that turns buffered
+ * bytes into Data messages under Nagle / TCP_CORK / MSG_MORE, credit updates, and send().
+ *
+ * Credits (docs/sdp.md, "Credits"): the peer's BSDH says how many receive buffers it has posted (bufs) and which of
+ * our messages it has processed (mseq_ack); every message we send after mseq_ack will take one of those buffers,
+ * so credits = mseq_ack + bufs - (last mseq we sent). Each side posts one receive buffer more than it advertises:
+ * the overdraft buffer, which lets a side with no credit left send one control message (a credit update or a
+ * zero-copy answer) so the two sides can never both be waiting for the other's credit update. Data-bearing
+ * messages keep one credit in reserve (Annex A4 CA4-82: with one credit left only messages that give credits and
+ * carry no payload may go).
+ *
+ * The send ring: the application's bytes are copied into a registered ring (SO_SNDBUF bytes) and leave from there
+ * as the payload of Data messages (gathered with the BSDH from a per-slot header area), or by RDMA WRITE into a
+ * sink the peer advertised. Ring space is released when the work request completes.
+ */
+#include <errno.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "common/log.h"
+#include "sdp_stream/sdp_int.h"
+
+int32_t rs_sdp_credits(const struct rs_sdp_sock *s)
+{
+    return (int32_t)(s->peer_ack + s->peer_bufs - (s->tx_mseq_next - 1));
+}
+
+bool rs_sdp_sq_has_room(const struct rs_sdp_sock *s, uint32_t n)
+{
+    return s->slots && s->sq_used + n <= s->sq_depth;
+}
+
+bool rs_sdp_can_send_data(const struct rs_sdp_sock *s)
+{
+    /* One send queue slot stays free for control messages as well. */
+    return rs_sdp_credits(s) >= 2 && rs_sdp_sq_has_room(s, 2);
+}
+
+bool rs_sdp_can_send_ctrl(const struct rs_sdp_sock *s)
+{
+    int32_t c = rs_sdp_credits(s);
+    return (c >= 1 || (c == 0 && !s->overdraft_out)) && rs_sdp_sq_has_room(s, 1);
+}
+
+uint32_t rs_sdp_slot_alloc(struct rs_sdp_sock *s, enum sdp_slot_kind kind)
+{
+    uint32_t idx = s->sq_head;
+    s->sq_head = (idx + 1) % s->sq_depth;
+    s->sq_used++;
+    s->slots[idx].kind = (uint8_t)kind;
+    s->slots[idx].done = false;
+    s->slots[idx].mid = 0;
+    s->slots[idx].ring_bytes = 0;
+    return idx;
+}
+
+static bool data_bearing(uint8_t mid, uint32_t payload)
+{
+    return (mid == RS_SDP_MID_DATA && payload > 0) || mid == RS_SDP_MID_SRC_AVAIL ||
+           mid == RS_SDP_MID_RDMA_WR_COMPL || mid == RS_SDP_MID_DISCONN;
+}
+
+int rs_sdp_post_msg(struct rs_sdp_sock *s, uint8_t mid, const struct rs_sdp_avail *avail, uint32_t compl_len,
+                    uint64_t ring_off, uint32_t ring_len)
+{
+    if (!s->qp || s->cm_gone || !rs_sdp_sq_has_room(s, 1))
+        return -ENOTCONN;
+    uint32_t hdr_len = rs_sdp_hdr_len(mid);
+    int32_t credits = rs_sdp_credits(s);
+    uint32_t slot = rs_sdp_slot_alloc(s, SDP_SLOT_MSG);
+    uint8_t *hdr = s->hdr_mem + (size_t)slot * SDP_HDR_SLOT;
+    uint32_t bufs = s->rx_posted > 0 ? s->rx_posted - 1 : 0;
+    if (bufs > 0xffff)
+        bufs = 0xffff;
+    struct rs_sdp_bsdh h = {
+        .mid = mid, .flags = 0, .bufs = (uint16_t)bufs, .len = hdr_len + ring_len, .mseq = s->tx_mseq_next,
+        .mseq_ack = s->rx_mseq_last,
+    };
+    if (mid == RS_SDP_MID_SRC_AVAIL || mid == RS_SDP_MID_SINK_AVAIL)
+        rs_sdp_avail_encode(&h, avail, hdr);
+    else if (mid == RS_SDP_MID_RDMA_WR_COMPL || mid == RS_SDP_MID_RDMA_RD_COMPL)
+        rs_sdp_compl_encode(&h, compl_len, hdr);
+    else
+        rs_sdp_bsdh_encode(&h, hdr);
+    struct rs_rnic_sge sge[3];
+    int nsge = 0;
+    sge[nsge++] = (struct rs_rnic_sge){ (uint64_t)(uintptr_t)hdr, hdr_len, s->hdr_mr->lkey };
+    if (ring_len) {
+        uint32_t off = (uint32_t)(ring_off % s->sbuf_size);
+        uint32_t first = s->sbuf_size - off < ring_len ? s->sbuf_size - off : ring_len;
+        sge[nsge++] = (struct rs_rnic_sge){ (uint64_t)(uintptr_t)(s->sbuf_mem + off), first, s->sbuf_mr->lkey };
+        if (first < ring_len)
+            sge[nsge++] = (struct rs_rnic_sge){ (uint64_t)(uintptr_t)s->sbuf_mem, ring_len - first, s->sbuf_mr->lkey };
+    }
+    struct rs_rnic_send_wr wr = {
+        .wr_id = SDP_WR_SEND | slot, .opcode = RS_WR_SEND, .flags = RS_SEND_SIGNALED, .sg_list = sge,
+        .num_sge = nsge,
+    };
+    struct rs_rnic_send_wr *bad = NULL;
+    int r = rs_rnic_post_send(s->qp, &wr, &bad);
+    if (r != 0) {
+        s->slots[slot].done = true;
+        RS_DEBUG("sdp: post_send of %s failed: %d", rs_sdp_mid_name(mid), r);
+        return r;
+    }
+    s->slots[slot].mid = mid;
+    s->slots[slot].ring_bytes = ring_len;
+    if (credits <= 0) {
+        s->overdraft_out = true;
+        s->overdraft_mseq = h.mseq;
+    }
+    s->tx_mseq_next++;
+    s->adv_bufs = bufs;
+    s->adv_ack = s->rx_mseq_last;
+    if (data_bearing(mid, ring_len)) {
+        s->last_data_mseq = h.mseq;
+        s->last_tx_ms = rs_sdp_now_ms();
+    }
+    s->stats.msgs_sent++;
+    RS_TRACE("sdp: sent %s mseq %u ack %u bufs %u len %u (credits were %d)", rs_sdp_mid_name(mid), h.mseq,
+             h.mseq_ack, bufs, h.len, credits);
+    return 0;
+}
+
+void rs_sdp_on_send_complete(struct rs_sdp_sock *s, const struct rs_rnic_wc *wc)
+{
+    uint32_t idx = (uint32_t)(wc->wr_id & ~SDP_WR_SEND);
+    if (!s->slots || idx >= s->sq_depth)
+        return;
+    struct sdp_slot *slot = &s->slots[idx];
+    bool ok = wc->status == RS_WC_SUCCESS;
+    switch (slot->kind) {
+    case SDP_SLOT_KA_READ:
+        if (ok) {
+            uint64_t now = rs_sdp_now_ms();
+            uint32_t rtt = (uint32_t)((now - s->ka_probe_ms) * 1000u);
+            s->rtt_us = s->rtt_us ? (s->rtt_us * 7 + rtt) / 8 : rtt;
+            s->last_rx_ms = now;
+        }
+        s->ka_read_out = false;
+        break;
+    case SDP_SLOT_READ:
+        rs_sdp_z_on_read_complete(s, wc);
+        break;
+    case SDP_SLOT_ZWRITE:
+        rs_sdp_z_on_write_complete(s, wc);
+        break;
+    default:
+        break;
+    }
+    slot->done = true;
+    if (!ok && wc->status != RS_WC_WR_FLUSH_ERR && s->state != SDP_ST_CLOSED) {
+        RS_DEBUG("sdp: work request failed with status %d", (int)wc->status);
+        rs_sdp_fail(s, ECONNRESET, false);
+    }
+    while (s->sq_used > 0 && s->slots[s->sq_tail].done) {
+        struct sdp_slot *t = &s->slots[s->sq_tail];
+        if (t->kind == SDP_SLOT_MSG || t->kind == SDP_SLOT_WRITE) {
+            if (t->ring_bytes) {
+                s->tx_done += t->ring_bytes;
+                s->dirty = true;
+            }
+        }
+        t->kind = SDP_SLOT_FREE;
+        t->done = false;
+        s->sq_tail = (s->sq_tail + 1) % s->sq_depth;
+        s->sq_used--;
+    }
+}
+
+uint64_t rs_sdp_tx_hold_deadline(const struct rs_sdp_sock *s)
+{
+    if (!s->hold_since_ms || s->tx_tail == s->tx_posted)
+        return 0;
+    return s->hold_since_ms + ((s->cork || s->more_hold) ? SDP_CORK_MS : SDP_NAGLE_MS);
+}
+
+bool rs_sdp_tx_flushed(const struct rs_sdp_sock *s)
+{
+    return s->tx_tail == s->tx_posted && s->sq_used == 0;
+}
+
+void rs_sdp_tx_push(struct rs_sdp_sock *s, bool force)
+{
+    if ((s->state != SDP_ST_CONNECTED && s->state != SDP_ST_ACCEPTING) || s->broken || s->cm_gone ||
+        !s->peer_rbuf_size)
+        return;
+    rs_sdp_z_flush_owed(s);
+    bool stalled = false;
+    for (;;) {
+        if (s->psink.active) {
+            rs_sdp_z_push_sink(s, force);
+            if (s->psink.active)
+                break;
+            continue;
+        }
+        if (s->zsrc.active)
+            break;
+        uint64_t pending = s->tx_tail - s->tx_posted;
+        if (pending == 0)
+            break;
+        uint32_t goal = s->peer_rbuf_size - RS_SDP_BSDH_LEN;
+        uint32_t n = pending < goal ? (uint32_t)pending : goal;
+        if (n < goal && !force && !s->wr_shut) {
+            bool hold = s->cork || s->more_hold || (!s->nodelay && s->nagle_wait);
+            if (hold) {
+                uint64_t now = rs_sdp_now_ms();
+                if (!s->hold_since_ms)
+                    s->hold_since_ms = now;
+                if (now < rs_sdp_tx_hold_deadline(s))
+                    break;
+            }
+        }
+        if (!rs_sdp_can_send_data(s)) {
+            stalled = true;
+            break;
+        }
+        if (rs_sdp_post_msg(s, RS_SDP_MID_DATA, NULL, 0, s->tx_posted, n) != 0) {
+            rs_sdp_fail(s, ECONNRESET, false);
+            return;
+        }
+        s->tx_posted += n;
+        s->hold_since_ms = 0;
+        s->stats.data_msgs_sent++;
+        if (n < goal) {
+            s->nagle_mseq = s->tx_mseq_next - 1;
+            s->nagle_wait = true;
+        }
+    }
+    /* Count stalls, not the pushes that found the sender still stalled. */
+    if (stalled && !s->tx_stalled)
+        s->stats.credit_stalls++;
+    s->tx_stalled = stalled;
+    if (s->wr_shut && !s->disconn_sent && s->tx_tail == s->tx_posted && !s->zsrc.active &&
+        rs_sdp_can_send_data(s)) {
+        if (rs_sdp_post_msg(s, RS_SDP_MID_DISCONN, NULL, 0, 0, 0) != 0) {
+            rs_sdp_fail(s, ECONNRESET, false);
+            return;
+        }
+        /* A sink the peer is still waiting on ends with the stream: it takes DisConn as "no more data". */
+        s->psink.active = false;
+        s->disconn_sent = true;
+        s->disconn_mseq = s->tx_mseq_next - 1;
+        s->dirty = true;
+    }
+}
+
+void rs_sdp_credit_update_check(struct rs_sdp_sock *s)
+{
+    if ((s->state != SDP_ST_CONNECTED && s->state != SDP_ST_ACCEPTING) || s->broken || s->cm_gone ||
+        !s->peer_rbuf_size)
+        return;
+    int32_t posted = s->rx_posted > 0 ? (int32_t)s->rx_posted - 1 : 0;
+    /* What the peer believes its credits are (at most: it may have sent more that we have not seen yet). */
+    int32_t view = (int32_t)(s->adv_ack + s->adv_bufs - s->rx_mseq_last);
+    int32_t reveal = posted - view;
+    int32_t low = posted / 2 > 2 ? posted / 2 : 2;
+    bool need = false;
+    if (reveal >= 2 && view < low) {
+        need = true;                            /* an ordinary window update */
+    } else if (view < 0 && rs_sdp_credits(s) >= 1) {
+        need = true;                            /* the peer used its overdraft: give it back at once */
+    } else if (view <= 0 && reveal >= 1 && !s->last_rx_pure) {
+        need = true;                            /* the peer may be waiting for one credit to answer us */
+    }
+    if (!need || !rs_sdp_can_send_ctrl(s))
+        return;
+    if (rs_sdp_post_msg(s, RS_SDP_MID_DATA, NULL, 0, 0, 0) != 0) {
+        rs_sdp_fail(s, ECONNRESET, false);
+        return;
+    }
+    s->stats.credit_updates_sent++;
+}
+
+/* ---- send() ---- */
+
+static size_t iov_total(const struct iovec *iov, int iovcnt)
+{
+    size_t t = 0;
+    for (int i = 0; i < iovcnt; i++)
+        t += iov[i].iov_len;
+    return t;
+}
+
+/* Copies len bytes from the iovec position (*vi, *vo) into the ring at ring_pos. */
+static void copy_in(struct rs_sdp_sock *s, const struct iovec *iov, int iovcnt, int *vi, size_t *vo,
+                    uint64_t ring_pos, size_t len)
+{
+    while (len > 0 && *vi < iovcnt) {
+        size_t avail = iov[*vi].iov_len - *vo;
+        if (avail == 0) {
+            (*vi)++;
+            *vo = 0;
+            continue;
+        }
+        size_t n = avail < len ? avail : len;
+        uint32_t off = (uint32_t)(ring_pos % s->sbuf_size);
+        size_t first = s->sbuf_size - off < n ? s->sbuf_size - off : n;
+        const uint8_t *src = (const uint8_t *)iov[*vi].iov_base + *vo;
+        memcpy(s->sbuf_mem + off, src, first);
+        if (first < n)
+            memcpy(s->sbuf_mem, src + first, n - first);
+        ring_pos += n;
+        len -= n;
+        *vo += n;
+    }
+}
+
+static void raise_sigpipe(void)
+{
+    /* The kernel sends SIGPIPE to the thread that wrote. */
+    syscall(SYS_tgkill, getpid(), (pid_t)syscall(SYS_gettid), SIGPIPE);
+}
+
+ssize_t rs_sdp_sendmsg(struct rs_sdp_sock *s, const struct iovec *iov, int iovcnt, int flags)
+{
+    int r = rs_sdp_check_epoch(s);
+    if (r != 0)
+        return r;
+    if (iovcnt < 0 || (iovcnt > 0 && !iov))
+        return -EINVAL;
+    if (flags & MSG_OOB)
+        return -EOPNOTSUPP;
+    size_t total = iov_total(iov, iovcnt);
+    rs_sdp_get(s);
+    pthread_mutex_lock(&s->lock);
+    bool dontwait = s->nonblock || (flags & MSG_DONTWAIT);
+    uint64_t deadline = !dontwait && s->sndtimeo_ms > 0 ? rs_sdp_now_ms() + (uint64_t)s->sndtimeo_ms : 0;
+    size_t sent = 0;
+    int vi = 0;
+    size_t vo = 0;
+    ssize_t result = 0;
+    bool epipe = false;
+    bool zfallback = (flags & MSG_ZEROCOPY) != 0;   /* see docs/sdp.md: MSG_ZEROCOPY completes as "copied" */
+    for (;;) {
+        rs_sdp_progress(s);
+        if (s->app_closed) {
+            result = -EBADF;
+            break;
+        }
+        if (s->state == SDP_ST_IDLE || s->state == SDP_ST_LISTEN) {
+            result = -ENOTCONN;
+            break;
+        }
+        if (s->so_error && sent == 0) {
+            result = -s->so_error;
+            s->so_error = 0;
+            if (result == -ECONNRESET || result == -EPIPE)
+                epipe = result == -EPIPE;
+            break;
+        }
+        if (s->state == SDP_ST_CLOSED || s->wr_shut || s->broken) {
+            result = -EPIPE;
+            epipe = true;
+            break;
+        }
+        if (s->state == SDP_ST_CONNECTING || s->state == SDP_ST_ACCEPTING || s->tx_busy) {
+            if (dontwait) {
+                result = -EAGAIN;
+                break;
+            }
+            r = rs_sdp_wait(s, deadline);
+            if (r != 0) {
+                result = r == -ETIMEDOUT ? -EAGAIN : r;
+                break;
+            }
+            continue;
+        }
+        if (sent == total)
+            break;
+        s->more_hold = (flags & MSG_MORE) != 0;
+        /* Zero copy: a blocking send of a large contiguous piece lends the buffer to the peer (SrcAvail) or
+         * writes it straight into the peer's waiting buffer (SinkAvail). */
+        while (vi < iovcnt && vo == iov[vi].iov_len) {
+            vi++;
+            vo = 0;
+        }
+        uint32_t zt = zfallback ? 0 : rs_sdp_zthresh(s);
+        if (!dontwait && (zt || s->psink.active) && vi < iovcnt && iov[vi].iov_len - vo >= (zt ? zt : 1) &&
+            !(s->psink.active && s->tx_tail != s->tx_posted)) {
+            s->tx_busy = true;
+            bool interrupted = false;
+            ssize_t z = rs_sdp_z_send(s, (const uint8_t *)iov[vi].iov_base + vo, iov[vi].iov_len - vo, deadline,
+                                      &interrupted);
+            s->tx_busy = false;
+            s->dirty = true;
+            if (z > 0) {
+                sent += (size_t)z;
+                vo += (size_t)z;
+                s->stats.bytes_sent += (uint64_t)z;
+            }
+            if (z < 0 && sent == 0) {
+                result = z;
+                if (z == -EPIPE)
+                    epipe = true;
+                break;
+            }
+            if (interrupted || z < 0)
+                break;
+            if (z == 0 || (size_t)z < iov[vi].iov_len - (vo - (size_t)z))
+                zfallback = true;   /* the rest of this call goes by copy */
+            continue;
+        }
+        uint32_t space = s->sbuf_size - (uint32_t)(s->tx_tail - s->tx_done);
+        if (space == 0) {
+            rs_sdp_tx_push(s, false);
+            if (dontwait) {
+                if (sent == 0)
+                    result = -EAGAIN;
+                break;
+            }
+            r = rs_sdp_wait(s, deadline);
+            if (r != 0) {
+                if (sent == 0)
+                    result = r == -ETIMEDOUT ? -EAGAIN : r;
+                break;
+            }
+            continue;
+        }
+        size_t n = total - sent < space ? total - sent : space;
+        uint64_t pos = s->tx_tail;
+        s->tx_busy = true;
+        pthread_mutex_unlock(&s->lock);
+        copy_in(s, iov, iovcnt, &vi, &vo, pos, n);
+        pthread_mutex_lock(&s->lock);
+        s->tx_busy = false;
+        s->tx_tail += n;
+        sent += n;
+        s->stats.bytes_sent += n;
+        s->dirty = true;       /* other senders may be waiting for tx_busy */
+        rs_sdp_tx_push(s, false);
+        if (sent == total)
+            break;
+    }
+    if (sent > 0)
+        result = (ssize_t)sent;
+    rs_sdp_progress(s);
+    if (s->dirty) {
+        s->dirty = false;
+        rs_sdp_signal(s);
+    }
+    pthread_mutex_unlock(&s->lock);
+    rs_sdp_put(s);
+    if (epipe && !(flags & MSG_NOSIGNAL))
+        raise_sigpipe();
+    return result;
+}
+
+ssize_t rs_sdp_send(struct rs_sdp_sock *s, const void *buf, size_t len, int flags)
+{
+    struct iovec iov = { (void *)(uintptr_t)buf, len };
+    return rs_sdp_sendmsg(s, &iov, 1, flags);
+}
+
+int rs_sdp_outq(struct rs_sdp_sock *s)
+{
+    pthread_mutex_lock(&s->lock);
+    rs_sdp_progress(s);
+    uint64_t q = s->tx_tail - s->tx_done;
+    pthread_mutex_unlock(&s->lock);
+    return q > INT32_MAX ? INT32_MAX : (int)q;
+}

@@ -1,0 +1,636 @@
+/*
+ * sdp_zcopy.c: zero copy. Both SDP mechanisms, the cancels, and the rules that settle a race when both sides
+ * advertise at once (docs/sdp.md, "Zero copy").
+ *
+ * SrcAvail (source side advertises): a blocking send() of at least the threshold registers the caller's buffer and
+ * sends SrcAvail {len, rkey, vaddr}. The receiver RDMA-READs straight into its application's buffer when recv()
+ * reaches that point of the stream, and answers RdmaRdCompl {bytes} after each read. send() returns when every
+ * byte was read, or when the receiver answered SendSm ("send it by copy": the rest goes as Data messages), or
+ * after a SrcAvailCancel of ours was answered (timeout, signal, or nobody reading for SDP_SRCAVAIL_IDLE_MS).
+ *
+ * SinkAvail (sink side advertises): a blocking recv() of at least the threshold into a buffer, with nothing queued,
+ * registers that buffer and sends SinkAvail {len, rkey, vaddr}. The sender writes the next bytes of the stream into
+ * it with RDMA WRITE and retires it with one RdmaWrCompl {bytes}; recv() returns those bytes. A recv() that must
+ * give up (timeout, signal) sends SinkAvailCancel and waits for SinkCancelAck before the buffer goes back to the
+ * application, so no write can land in it afterwards.
+ *
+ * Race rules (after the speculative rendezvous protocol of Rashti & Afsahi 2009, where a receiver's RTR may cross
+ * the sender's RTS):
+ *   1. While the sender holds an accepted sink, every byte of the stream goes into it (no Data, no SrcAvail) until
+ *      the RdmaWrCompl that retires it.
+ *   2. A SinkAvail S is dead, on both sides, if the sender had sent a data-bearing message (Data with payload,
+ *      SrcAvail, RdmaWrCompl, DisConn) that the receiver had not yet seen when it sent S: the sender sees this as
+ *      "my last data-bearing mseq > S.mseq_ack" and drops S; the receiver sees it as "a data-bearing message
+ *      arrived with mseq_ack < S.mseq" and treats S as never sent. The crossing data (or SrcAvail) is then
+ *      received normally, in order. Both sides decide from the sequence numbers alone, so they always agree.
+ *   3. The receiver only advertises a sink when nothing is queued and no SrcAvail is pending, so a sender never
+ *      sees a sink that the receiver sent after seeing its SrcAvail.
+ *   4. A cancel is always answered (SinkCancelAck for every SinkAvailCancel; SendSm or the last RdmaRdCompl for a
+ *      SrcAvailCancel), so the canceller knows exactly which bytes moved. An answer that does not come within
+ *      SDP_CANCEL_TIMEOUT_MS resets the connection rather than risk a late RDMA access.
+ * No side ever waits for the other to advertise, so there is no deadlock; every byte travels exactly once (by
+ * RDMA or by copy, decided per byte range by the rules above).
+ */
+#include <errno.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "sdp_stream/sdp_int.h"
+
+/* Below this the receiver would rather take a SrcAvail's bytes by copy (SendSm) than RDMA-read tiny pieces. */
+#define SDP_ZCOPY_MIN_READ 4096u
+
+uint32_t rs_sdp_zthresh(const struct rs_sdp_sock *s)
+{
+    if (!s->peer_zcopy || s->zcopy_opt == 0 || s->broken)
+        return 0;
+    uint32_t base = s->zcopy_opt > 0 ? (uint32_t)s->zcopy_opt : RS_SDP_ZCOPY_DEFAULT_THRESHOLD;
+    if (!s->zcopy_adaptive || s->zthresh == 0)
+        return base;
+    return s->zthresh > base ? s->zthresh : base;
+}
+
+/* Adaptivity: a transfer that had to fall back (SendSm, cancel, crossed sink, a sink filled with a few bytes)
+ * doubles the threshold for this connection, a clean one halves it back towards the configured value. */
+static void adapt(struct rs_sdp_sock *s, bool good)
+{
+    uint32_t base = s->zcopy_opt > 0 ? (uint32_t)s->zcopy_opt : RS_SDP_ZCOPY_DEFAULT_THRESHOLD;
+    uint32_t cur = s->zthresh ? s->zthresh : base;
+    if (good) {
+        cur = cur / 2 < base ? base : cur / 2;
+    } else {
+        cur = cur > SDP_ZCOPY_MAX_THRESHOLD / 2 ? SDP_ZCOPY_MAX_THRESHOLD : cur * 2;
+        if (cur < base)
+            cur = base;
+    }
+    s->zthresh = cur;
+    s->stats.zcopy_threshold_now = s->zcopy_adaptive ? cur : base;
+}
+
+static bool post_ctrl(struct rs_sdp_sock *s, uint8_t mid, uint32_t compl_len)
+{
+    if (!rs_sdp_can_send_ctrl(s))
+        return false;
+    if (rs_sdp_post_msg(s, mid, NULL, compl_len, 0, 0) != 0) {
+        rs_sdp_fail(s, ECONNRESET, false);
+        return false;
+    }
+    return true;
+}
+
+void rs_sdp_z_flush_owed(struct rs_sdp_sock *s)
+{
+    if (s->broken || s->cm_gone)
+        return;
+    if (s->owed_rd_compl && post_ctrl(s, RS_SDP_MID_RDMA_RD_COMPL, s->owed_rd_compl))
+        s->owed_rd_compl = 0;
+    if (s->owed_rd_compl)
+        return;         /* answers keep their order */
+    if (s->owed_send_sm && post_ctrl(s, RS_SDP_MID_SEND_SM, 0)) {
+        s->owed_send_sm = false;
+        s->stats.send_sm_sent++;
+    }
+    while (s->owed_sink_cancel_acks && post_ctrl(s, RS_SDP_MID_SINK_CANCEL_ACK, 0))
+        s->owed_sink_cancel_acks--;
+}
+
+/* Receiver side: remove the SrcAvail entry (always the last in the queue: nothing follows a pending SrcAvail). */
+static void drop_src_entry(struct rs_sdp_sock *s)
+{
+    if (s->rxq_count == 0)
+        return;
+    uint32_t last = (s->rxq_head + s->rxq_count - 1) % s->rxq_cap;
+    if (s->rxq[last].kind != SDP_RX_SRC)
+        return;
+    s->rx_bytes_queued -= s->rxq[last].len;
+    s->rxq_count--;
+    s->psrc.active = false;
+}
+
+static void send_sm(struct rs_sdp_sock *s)
+{
+    if (s->psrc.send_sm_sent)
+        return;
+    s->psrc.send_sm_sent = true;
+    s->owed_send_sm = true;
+    rs_sdp_z_flush_owed(s);
+}
+
+void rs_sdp_z_on_msg(struct rs_sdp_sock *s, const struct rs_sdp_bsdh *h, const struct rs_sdp_avail *avail,
+                     uint32_t compl_len)
+{
+    bool data = (h->mid == RS_SDP_MID_DATA && h->len > RS_SDP_BSDH_LEN) || h->mid == RS_SDP_MID_SRC_AVAIL ||
+                h->mid == RS_SDP_MID_DISCONN || h->mid == RS_SDP_MID_RDMA_WR_COMPL;
+    /* Rule 2, receiver side: data the sender sent before it saw our sink kills the sink. */
+    if (data && h->mid != RS_SDP_MID_RDMA_WR_COMPL && s->sink.active && !s->sink.retired && !s->sink.dead &&
+        rs_sdp_seq_diff(h->mseq_ack, s->sink.mseq) < 0) {
+        s->sink.dead = true;
+        s->stats.sinks_crossed++;
+    }
+    if (h->mid == RS_SDP_MID_DISCONN && s->sink.active && !s->sink.retired)
+        s->sink.dead = true;        /* no more data will come */
+    switch (h->mid) {
+    case RS_SDP_MID_SRC_AVAIL:
+        if (s->psrc.active) {
+            RS_WARN("sdp: a second SrcAvail while one is pending");
+            rs_sdp_fail(s, EPROTO, true);
+            return;
+        }
+        s->psrc.active = true;
+        s->psrc.cancel_pending = false;
+        s->psrc.send_sm_sent = false;
+        s->psrc.read_out = false;
+        s->psrc.read_failed = false;
+        s->psrc.mseq = h->mseq;
+        s->psrc.len = avail->len;
+        s->psrc.consumed = 0;
+        s->psrc.rkey = avail->rkey;
+        s->psrc.vaddr = avail->vaddr;
+        return;
+    case RS_SDP_MID_SRC_CANCEL:
+        if (!s->psrc.active || s->psrc.send_sm_sent)
+            return;     /* already answered (crossing SendSm, or every byte read) */
+        if (s->psrc.read_out) {
+            s->psrc.cancel_pending = true;
+            return;
+        }
+        drop_src_entry(s);
+        send_sm(s);
+        return;
+    case RS_SDP_MID_RDMA_RD_COMPL:
+        if (!s->zsrc.active || s->zsrc.resolved || compl_len > s->zsrc.len - s->zsrc.acked) {
+            RS_WARN("sdp: unexpected RdmaRdCompl of %u bytes", compl_len);
+            rs_sdp_fail(s, EPROTO, true);
+            return;
+        }
+        s->zsrc.acked += compl_len;
+        if (s->zsrc.acked == s->zsrc.len)
+            s->zsrc.resolved = true;
+        return;
+    case RS_SDP_MID_SEND_SM:
+        s->stats.send_sm_received++;
+        if (s->zsrc.active && !s->zsrc.resolved) {
+            s->zsrc.resolved = true;
+            s->zsrc.send_sm = true;
+        }
+        return;
+    case RS_SDP_MID_SINK_AVAIL:
+        /* Rule 2, sender side. */
+        if (rs_sdp_seq_diff(s->last_data_mseq, h->mseq_ack) > 0 || s->disconn_sent) {
+            s->stats.sinks_crossed++;
+            return;
+        }
+        if (s->psink.active || (s->zsrc.active && !s->zsrc.resolved)) {
+            RS_WARN("sdp: SinkAvail while the stream has another advertisement outstanding");
+            rs_sdp_fail(s, EPROTO, true);
+            return;
+        }
+        s->psink.active = true;
+        s->psink.mseq = h->mseq;
+        s->psink.len = avail->len;
+        s->psink.rkey = avail->rkey;
+        s->psink.vaddr = avail->vaddr;
+        return;
+    case RS_SDP_MID_SINK_CANCEL:
+        /* Whatever state the sink is in (accepted, dropped as crossed, retired), the answer is the same. */
+        s->psink.active = false;
+        s->owed_sink_cancel_acks++;
+        rs_sdp_z_flush_owed(s);
+        return;
+    case RS_SDP_MID_SINK_CANCEL_ACK:
+        if (s->sink.active && s->sink.cancel_sent && !s->sink.cancel_acked)
+            s->sink.cancel_acked = true;
+        else if (s->late_cancel_acks > 0)
+            s->late_cancel_acks--;
+        return;
+    case RS_SDP_MID_RDMA_WR_COMPL:
+        if (!s->sink.active || s->sink.dead || s->sink.retired || compl_len > s->sink.len) {
+            RS_WARN("sdp: unexpected RdmaWrCompl of %u bytes", compl_len);
+            rs_sdp_fail(s, EPROTO, true);
+            return;
+        }
+        s->sink.written = compl_len;
+        s->sink.retired = true;
+        return;
+    default:
+        return;
+    }
+}
+
+void rs_sdp_z_on_read_complete(struct rs_sdp_sock *s, const struct rs_rnic_wc *wc)
+{
+    s->psrc.read_out = false;
+    if (wc->status != RS_WC_SUCCESS)
+        s->psrc.read_failed = true;
+    s->dirty = true;
+}
+
+void rs_sdp_z_on_write_complete(struct rs_sdp_sock *s, const struct rs_rnic_wc *wc)
+{
+    s->zwrite_out = false;
+    if (wc->status != RS_WC_SUCCESS)
+        s->zwrite_failed = true;
+    s->dirty = true;
+}
+
+void rs_sdp_z_fail(struct rs_sdp_sock *s)
+{
+    s->zsrc.resolved = true;
+    s->sink.dead = true;
+    s->psink.active = false;
+    s->owed_rd_compl = 0;
+    s->owed_send_sm = false;
+    s->owed_sink_cancel_acks = 0;
+    s->dirty = true;
+}
+
+uint64_t rs_sdp_z_deadline(const struct rs_sdp_sock *s)
+{
+    uint64_t d = 0;
+    if (s->zsrc.active && s->zsrc.cancel_sent && !s->zsrc.resolved)
+        d = s->zsrc_cancel_deadline;
+    if (s->sink.active && s->sink.cancel_sent && !s->sink.cancel_acked && s->sink.cancel_deadline &&
+        (d == 0 || s->sink.cancel_deadline < d))
+        d = s->sink.cancel_deadline;
+    return d;
+}
+
+void rs_sdp_z_timer(struct rs_sdp_sock *s, uint64_t now)
+{
+    uint64_t d = rs_sdp_z_deadline(s);
+    if (d && now >= d) {
+        RS_WARN("sdp: the peer did not answer a zero-copy cancel within %u ms: resetting", SDP_CANCEL_TIMEOUT_MS);
+        rs_sdp_fail(s, ETIMEDOUT, true);
+    }
+}
+
+/* ---- sender: into the peer's sink ---- */
+
+bool rs_sdp_z_push_sink(struct rs_sdp_sock *s, bool force)
+{
+    uint64_t pending = s->tx_tail - s->tx_posted;
+    if (pending == 0 || !s->psink.active)
+        return false;
+    if ((s->cork || s->more_hold) && !force && pending < s->psink.len) {
+        uint64_t now = rs_sdp_now_ms();
+        if (!s->hold_since_ms)
+            s->hold_since_ms = now;
+        if (now < rs_sdp_tx_hold_deadline(s))
+            return false;
+    }
+    if (!rs_sdp_can_send_data(s) || !rs_sdp_sq_has_room(s, 3))
+        return false;
+    uint32_t n = pending < s->psink.len ? (uint32_t)pending : s->psink.len;
+    uint32_t off = (uint32_t)(s->tx_posted % s->sbuf_size);
+    uint32_t first = s->sbuf_size - off < n ? s->sbuf_size - off : n;
+    struct rs_rnic_sge sge[2] = {
+        { (uint64_t)(uintptr_t)(s->sbuf_mem + off), first, s->sbuf_mr->lkey },
+        { (uint64_t)(uintptr_t)s->sbuf_mem, n - first, s->sbuf_mr->lkey },
+    };
+    uint32_t slot = rs_sdp_slot_alloc(s, SDP_SLOT_WRITE);
+    struct rs_rnic_send_wr wr = {
+        .wr_id = SDP_WR_SEND | slot, .opcode = RS_WR_RDMA_WRITE, .flags = RS_SEND_SIGNALED, .sg_list = sge,
+        .num_sge = first < n ? 2 : 1,
+    };
+    wr.rdma.remote_addr = s->psink.vaddr;
+    wr.rdma.rkey = s->psink.rkey;
+    struct rs_rnic_send_wr *bad = NULL;
+    if (rs_rnic_post_send(s->qp, &wr, &bad) != 0) {
+        s->slots[slot].done = true;
+        rs_sdp_fail(s, ECONNRESET, false);
+        return false;
+    }
+    s->slots[slot].ring_bytes = n;
+    /* RC ordering: the peer sees the RdmaWrCompl only after the written bytes are placed. */
+    if (rs_sdp_post_msg(s, RS_SDP_MID_RDMA_WR_COMPL, NULL, n, 0, 0) != 0) {
+        rs_sdp_fail(s, ECONNRESET, false);
+        return false;
+    }
+    s->tx_posted += n;
+    s->hold_since_ms = 0;
+    s->psink.active = false;
+    s->stats.zcopy_sink_bytes += n;
+    return true;
+}
+
+/* ---- sender: blocking zero-copy send ---- */
+
+static int wait_step(struct rs_sdp_sock *s, uint64_t deadline, bool interruptible)
+{
+    rs_sdp_signal(s);
+    return interruptible ? rs_sdp_wait(s, deadline) : rs_sdp_wait_uninterruptible(s, deadline);
+}
+
+/* Writes [buf, len) straight into the accepted peer sink; returns bytes written or a negative errno. */
+static ssize_t write_to_sink(struct rs_sdp_sock *s, const uint8_t *buf, size_t len)
+{
+    uint32_t n = len < s->psink.len ? (uint32_t)len : s->psink.len;
+    struct sdp_reg *reg;
+    bool hit;
+    if (rs_sdp_reg_get(s->dev->cache, (void *)(uintptr_t)buf, n, RS_ACCESS_REMOTE_READ, &reg, &hit) != 0)
+        return 0;       /* cannot register: the caller copies into the ring, which the push writes instead */
+    hit ? s->stats.regcache_hits++ : s->stats.regcache_misses++;
+    uint32_t slot = rs_sdp_slot_alloc(s, SDP_SLOT_ZWRITE);
+    struct rs_rnic_sge sge = { (uint64_t)(uintptr_t)buf, n, rs_sdp_reg_mr(reg)->lkey };
+    struct rs_rnic_send_wr wr = {
+        .wr_id = SDP_WR_SEND | slot, .opcode = RS_WR_RDMA_WRITE, .flags = RS_SEND_SIGNALED, .sg_list = &sge,
+        .num_sge = 1,
+    };
+    wr.rdma.remote_addr = s->psink.vaddr;
+    wr.rdma.rkey = s->psink.rkey;
+    struct rs_rnic_send_wr *bad = NULL;
+    s->zwrite_out = true;
+    s->zwrite_failed = false;
+    if (rs_rnic_post_send(s->qp, &wr, &bad) != 0) {
+        s->slots[slot].done = true;
+        s->zwrite_out = false;
+        rs_sdp_reg_put(s->dev->cache, reg);
+        rs_sdp_fail(s, ECONNRESET, false);
+        return rs_sdp_take_error(s, -ECONNRESET);
+    }
+    if (rs_sdp_post_msg(s, RS_SDP_MID_RDMA_WR_COMPL, NULL, n, 0, 0) != 0)
+        rs_sdp_fail(s, ECONNRESET, false);
+    s->psink.active = false;
+    /* The buffer is the caller's: it stays lent until the WRITE completed. */
+    while (s->zwrite_out && !s->broken) {
+        rs_sdp_progress(s);
+        if (!s->zwrite_out || s->broken)
+            break;
+        wait_step(s, 0, false);
+    }
+    rs_sdp_reg_put(s->dev->cache, reg);
+    if (s->broken || s->zwrite_failed)
+        return rs_sdp_take_error(s, -EPIPE);
+    s->stats.zcopy_sink_bytes += n;
+    adapt(s, true);
+    return n;
+}
+
+ssize_t rs_sdp_z_send(struct rs_sdp_sock *s, const uint8_t *buf, size_t len, uint64_t deadline, bool *interrupted)
+{
+    *interrupted = false;
+    uint32_t zt = rs_sdp_zthresh(s);
+    if (len > UINT32_MAX / 2)
+        len = UINT32_MAX / 2;
+    /* Decide before touching the stream: a buffer not worth registering is copied like any other. */
+    if (!s->psink.active && (!zt || len < zt || !rs_sdp_reg_worth(s->dev->cache, buf, len, zt)))
+        return 0;
+    /* Stream order: what is already buffered goes first. */
+    while (s->tx_posted != s->tx_tail || (!s->psink.active && !rs_sdp_can_send_data(s))) {
+        rs_sdp_tx_push(s, true);
+        rs_sdp_progress(s);
+        if (s->broken || s->state != SDP_ST_CONNECTED)
+            return -EPIPE;
+        if (s->tx_posted == s->tx_tail && (s->psink.active || rs_sdp_can_send_data(s)))
+            break;
+        int r = wait_step(s, deadline, true);
+        if (r != 0 || s->app_closed) {
+            *interrupted = true;
+            return r == -ETIMEDOUT ? -EAGAIN : r ? r : -EBADF;
+        }
+    }
+    if (s->psink.active)
+        return write_to_sink(s, buf, len);
+    if (!zt || len < zt)
+        return 0;
+    struct sdp_reg *reg;
+    bool hit;
+    if (rs_sdp_reg_get(s->dev->cache, (void *)(uintptr_t)buf, len, RS_ACCESS_REMOTE_READ, &reg, &hit) != 0)
+        return 0;
+    hit ? s->stats.regcache_hits++ : s->stats.regcache_misses++;
+    memset(&s->zsrc, 0, sizeof(s->zsrc));
+    s->zsrc.active = true;
+    s->zsrc.len = (uint32_t)len;
+    s->zsrc.mseq = s->tx_mseq_next;
+    s->zsrc.reg = reg;
+    s->zsrc.posted_ms = rs_sdp_now_ms();
+    struct rs_sdp_avail a = { .len = (uint32_t)len, .rkey = rs_sdp_reg_mr(reg)->rkey,
+                              .vaddr = (uint64_t)(uintptr_t)buf };
+    if (rs_sdp_post_msg(s, RS_SDP_MID_SRC_AVAIL, &a, 0, 0, 0) != 0) {
+        s->zsrc.active = false;
+        s->zsrc.reg = NULL;
+        rs_sdp_reg_put(s->dev->cache, reg);
+        rs_sdp_fail(s, ECONNRESET, false);
+        return -EPIPE;
+    }
+    s->stats.src_avail_sent++;
+    bool cancelled = false;
+    uint32_t last_acked = 0;
+    uint64_t idle_from = s->zsrc.posted_ms;
+    while (!s->zsrc.resolved && !s->broken) {
+        rs_sdp_progress(s);
+        if (s->zsrc.resolved || s->broken)
+            break;
+        uint64_t now = rs_sdp_now_ms();
+        if (s->zsrc.acked != last_acked) {
+            last_acked = s->zsrc.acked;
+            idle_from = now;
+        }
+        bool want_cancel = false;
+        int r = 0;
+        if (!s->zsrc.cancel_sent) {
+            uint64_t idle_deadline = idle_from + SDP_SRCAVAIL_IDLE_MS;
+            uint64_t d = deadline && deadline < idle_deadline ? deadline : idle_deadline;
+            if (now >= d || s->app_closed) {
+                want_cancel = true;
+                if ((deadline && now >= deadline) || s->app_closed)
+                    *interrupted = true;
+            } else {
+                r = wait_step(s, d, true);
+                if (r == -EINTR) {
+                    want_cancel = true;
+                    *interrupted = true;
+                }
+            }
+        } else {
+            wait_step(s, s->zsrc_cancel_deadline, false);
+        }
+        if (want_cancel && !s->zsrc.cancel_sent) {
+            /* The cancel itself may have to wait for a credit (or the overdraft). */
+            if (post_ctrl(s, RS_SDP_MID_SRC_CANCEL, 0)) {
+                s->zsrc.cancel_sent = true;
+                s->zsrc_cancel_deadline = rs_sdp_now_ms() + SDP_CANCEL_TIMEOUT_MS;
+                s->stats.src_cancels++;
+                cancelled = true;
+            } else if (!s->broken) {
+                wait_step(s, rs_sdp_now_ms() + 10, false);
+            }
+        }
+    }
+    uint32_t acked = s->zsrc.acked;
+    bool send_sm_seen = s->zsrc.send_sm;
+    s->zsrc.active = false;
+    s->zsrc.reg = NULL;
+    rs_sdp_reg_put(s->dev->cache, reg);
+    s->stats.zcopy_src_bytes += acked;
+    adapt(s, !cancelled && !send_sm_seen);
+    if (s->broken)
+        return acked > 0 ? (ssize_t)acked : rs_sdp_take_error(s, -EPIPE);
+    if (*interrupted && acked == 0)
+        return s->app_closed ? -EBADF : (deadline && rs_sdp_now_ms() >= deadline ? -EAGAIN : -EINTR);
+    return acked;       /* with *interrupted set the caller reports these bytes and stops */
+}
+
+/* ---- receiver: reading the peer's SrcAvail ---- */
+
+ssize_t rs_sdp_z_read_src(struct rs_sdp_sock *s, uint8_t *buf, size_t len, bool peek)
+{
+    struct sdp_rx_entry *e = &s->rxq[s->rxq_head];
+    if (!s->psrc.active || e->kind != SDP_RX_SRC)
+        return 0;
+    uint32_t left = s->psrc.len - s->psrc.consumed;
+    if (peek || !buf || len < SDP_ZCOPY_MIN_READ || left == 0 || s->psrc.cancel_pending) {
+        /* PEEK must not consume and MSG_TRUNC has nowhere to read into; tiny reads are cheaper by copy. */
+        drop_src_entry(s);
+        send_sm(s);
+        return 0;
+    }
+    uint32_t n = len < left ? (uint32_t)len : left;
+    struct sdp_reg *reg;
+    bool hit;
+    if (rs_sdp_reg_get(s->dev->cache, buf, n, RS_ACCESS_LOCAL_WRITE, &reg, &hit) != 0) {
+        drop_src_entry(s);
+        send_sm(s);
+        return 0;
+    }
+    hit ? s->stats.regcache_hits++ : s->stats.regcache_misses++;
+    while (!rs_sdp_sq_has_room(s, 2) && !s->broken) {
+        rs_sdp_progress(s);
+        wait_step(s, rs_sdp_now_ms() + 10, false);
+    }
+    if (s->broken) {
+        rs_sdp_reg_put(s->dev->cache, reg);
+        return rs_sdp_take_error(s, 0);
+    }
+    uint32_t slot = rs_sdp_slot_alloc(s, SDP_SLOT_READ);
+    struct rs_rnic_sge sge = { (uint64_t)(uintptr_t)buf, n, rs_sdp_reg_mr(reg)->lkey };
+    struct rs_rnic_send_wr wr = {
+        .wr_id = SDP_WR_SEND | slot, .opcode = RS_WR_RDMA_READ, .flags = RS_SEND_SIGNALED, .sg_list = &sge,
+        .num_sge = 1,
+    };
+    wr.rdma.remote_addr = s->psrc.vaddr + s->psrc.consumed;
+    wr.rdma.rkey = s->psrc.rkey;
+    struct rs_rnic_send_wr *bad = NULL;
+    s->psrc.read_out = true;
+    s->psrc.read_failed = false;
+    if (rs_rnic_post_send(s->qp, &wr, &bad) != 0) {
+        s->slots[slot].done = true;
+        s->psrc.read_out = false;
+        rs_sdp_reg_put(s->dev->cache, reg);
+        rs_sdp_fail(s, ECONNRESET, false);
+        return rs_sdp_take_error(s, -ECONNRESET);
+    }
+    /* RDMA is writing into the caller's buffer: no return before it is done, signal or not. */
+    while (s->psrc.read_out && !s->broken) {
+        rs_sdp_progress(s);
+        if (!s->psrc.read_out || s->broken)
+            break;
+        wait_step(s, 0, false);
+    }
+    rs_sdp_reg_put(s->dev->cache, reg);
+    if (s->broken || s->psrc.read_failed) {
+        if (!s->broken)
+            rs_sdp_fail(s, ECONNRESET, true);
+        return rs_sdp_take_error(s, 0);
+    }
+    s->psrc.consumed += n;
+    e = &s->rxq[s->rxq_head];
+    e->len -= n;
+    s->rx_bytes_queued -= n;
+    s->stats.bytes_received += n;
+    s->stats.zcopy_read_bytes += n;
+    s->owed_rd_compl += n;
+    if (s->psrc.consumed == s->psrc.len) {
+        s->rxq_head = (s->rxq_head + 1) % s->rxq_cap;
+        s->rxq_count--;
+        s->psrc.active = false;
+        s->psrc.send_sm_sent = true;    /* nothing left to answer: a crossing cancel is ignored */
+    } else if (s->psrc.cancel_pending) {
+        drop_src_entry(s);
+        s->psrc.send_sm_sent = true;
+        s->owed_send_sm = true;
+    }
+    rs_sdp_z_flush_owed(s);
+    return n;
+}
+
+/* ---- receiver: advertising a sink ---- */
+
+ssize_t rs_sdp_z_sink_recv(struct rs_sdp_sock *s, uint8_t *buf, size_t len, uint64_t deadline, bool *interrupted)
+{
+    *interrupted = false;
+    if (len > UINT32_MAX / 2)
+        len = UINT32_MAX / 2;
+    if (!rs_sdp_can_send_data(s) || s->rxq_count > 0 || s->psrc.active || s->rx_eof || s->late_cancel_acks)
+        return 0;
+    struct sdp_reg *reg;
+    bool hit;
+    if (rs_sdp_reg_get(s->dev->cache, buf, len, RS_ACCESS_LOCAL_WRITE | RS_ACCESS_REMOTE_WRITE, &reg, &hit) != 0)
+        return 0;
+    hit ? s->stats.regcache_hits++ : s->stats.regcache_misses++;
+    memset(&s->sink, 0, sizeof(s->sink));
+    s->sink.active = true;
+    s->sink.len = (uint32_t)len;
+    s->sink.mseq = s->tx_mseq_next;
+    s->sink.reg = reg;
+    struct rs_sdp_avail a = { .len = (uint32_t)len, .rkey = rs_sdp_reg_mr(reg)->rkey,
+                              .vaddr = (uint64_t)(uintptr_t)buf, .non_disc = 0 };
+    if (rs_sdp_post_msg(s, RS_SDP_MID_SINK_AVAIL, &a, 0, 0, 0) != 0) {
+        s->sink.active = false;
+        s->sink.reg = NULL;
+        rs_sdp_reg_put(s->dev->cache, reg);
+        rs_sdp_fail(s, ECONNRESET, false);
+        return rs_sdp_take_error(s, -ECONNRESET);
+    }
+    s->stats.sink_avail_sent++;
+    for (;;) {
+        rs_sdp_progress(s);
+        if (s->broken || s->sink.retired || s->sink.dead)
+            break;
+        if (s->sink.cancel_sent) {
+            if (s->sink.cancel_acked)
+                break;
+            wait_step(s, s->sink.cancel_deadline, false);
+            continue;
+        }
+        int r = wait_step(s, deadline, true);
+        if (r == -EINTR || r == -ETIMEDOUT || s->app_closed) {
+            *interrupted = true;
+            while (!s->sink.cancel_sent && !s->broken && !s->sink.retired && !s->sink.dead) {
+                if (post_ctrl(s, RS_SDP_MID_SINK_CANCEL, 0)) {
+                    s->sink.cancel_sent = true;
+                    s->sink.cancel_deadline = rs_sdp_now_ms() + SDP_CANCEL_TIMEOUT_MS;
+                    s->stats.sink_cancels++;
+                } else {
+                    rs_sdp_progress(s);
+                    wait_step(s, rs_sdp_now_ms() + 10, false);
+                }
+            }
+        }
+    }
+    /* Rule 4: a cancel we sent is answered even if the sink ended another way; that answer is still to come. */
+    if (s->sink.cancel_sent && !s->sink.cancel_acked)
+        s->late_cancel_acks++;
+    uint32_t written = s->sink.retired ? s->sink.written : 0;
+    bool dead = s->sink.dead && !s->sink.retired;
+    s->sink.active = false;
+    s->sink.reg = NULL;
+    rs_sdp_reg_put(s->dev->cache, reg);
+    if (s->broken && !s->sink.retired)
+        return rs_sdp_take_error(s, 0);
+    if (dead)
+        adapt(s, false);
+    else if (written)
+        adapt(s, written >= rs_sdp_zthresh(s) / 4);
+    if (written) {
+        s->stats.zcopy_written_bytes += written;
+        s->stats.bytes_received += written;
+        *interrupted = false;
+        /* The buffer held the peer's sink traffic only: the ring's credits are unchanged, but the peer may be
+         * waiting to hear that we processed its RdmaWrCompl. */
+        rs_sdp_credit_update_check(s);
+    }
+    if (*interrupted && !written)
+        return s->app_closed ? -EBADF : (deadline && rs_sdp_now_ms() >= deadline ? -ETIMEDOUT : -EINTR);
+    return written;
+}

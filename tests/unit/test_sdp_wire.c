@@ -1,0 +1,220 @@
+/*
+ * SDP wire layouts: the BSDH and extended headers byte for byte as Annex A4 (and Wireshark's SDP dissector) lay
+ * them out, the 56-byte Hello, the HelloAck, and the receive-side validation of every message.
+ */
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "sdp_stream/sdp_wire.h"
+
+static void test_bsdh_bytes(void **state)
+{
+    (void)state;
+    struct rs_sdp_bsdh h = { .mid = 0xff, .flags = 0, .bufs = 0x0102, .len = 0x03040506, .mseq = 0x0708090a,
+                             .mseq_ack = 0x0b0c0d0e };
+    uint8_t out[16];
+    rs_sdp_bsdh_encode(&h, out);
+    const uint8_t want[16] = { 0xff, 0x00, 0x01, 0x02, 0x03, 0x04, 0x05, 0x06,
+                               0x07, 0x08, 0x09, 0x0a, 0x0b, 0x0c, 0x0d, 0x0e };
+    assert_memory_equal(out, want, 16);
+    struct rs_sdp_bsdh d;
+    assert_int_equal(rs_sdp_bsdh_decode(out, 16, &d), 0);
+    assert_int_equal(d.mid, 0xff);
+    assert_int_equal(d.bufs, 0x0102);
+    assert_int_equal(d.len, 0x03040506);
+    assert_int_equal(d.mseq, 0x0708090a);
+    assert_int_equal(d.mseq_ack, 0x0b0c0d0e);
+    assert_int_equal(rs_sdp_bsdh_decode(out, 15, &d), -EBADMSG);
+}
+
+static void test_avail_and_compl_bytes(void **state)
+{
+    (void)state;
+    uint8_t out[64];
+    struct rs_sdp_bsdh h = { .mid = RS_SDP_MID_SRC_AVAIL, .bufs = 7, .len = 32, .mseq = 5, .mseq_ack = 4 };
+    struct rs_sdp_avail a = { .len = 0x100000, .rkey = 0xdeadbeef, .vaddr = 0x1122334455667788ull };
+    rs_sdp_avail_encode(&h, &a, out);
+    const uint8_t srcah[16] = { 0x00, 0x10, 0x00, 0x00, 0xde, 0xad, 0xbe, 0xef,
+                                0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77, 0x88 };
+    assert_memory_equal(out + 16, srcah, 16);
+    assert_int_equal(rs_sdp_hdr_len(RS_SDP_MID_SRC_AVAIL), 32);
+    struct rs_sdp_bsdh d;
+    struct rs_sdp_avail da;
+    uint32_t cl = 0;
+    assert_int_equal(rs_sdp_msg_check(out, 32, &d, &da, &cl), 0);
+    assert_int_equal(da.len, 0x100000);
+    assert_int_equal(da.rkey, 0xdeadbeef);
+    assert_true(da.vaddr == 0x1122334455667788ull);
+
+    h.mid = RS_SDP_MID_SINK_AVAIL;
+    h.len = 36;
+    a.non_disc = 0x01020304;
+    rs_sdp_avail_encode(&h, &a, out);
+    assert_int_equal(rs_sdp_hdr_len(RS_SDP_MID_SINK_AVAIL), 36);
+    const uint8_t nd[4] = { 1, 2, 3, 4 };
+    assert_memory_equal(out + 32, nd, 4);
+    assert_int_equal(rs_sdp_msg_check(out, 36, &d, &da, &cl), 0);
+    assert_int_equal(da.non_disc, 0x01020304);
+
+    h.mid = RS_SDP_MID_RDMA_RD_COMPL;
+    h.len = 20;
+    rs_sdp_compl_encode(&h, 0xabcdef, out);
+    const uint8_t rrch[4] = { 0x00, 0xab, 0xcd, 0xef };
+    assert_memory_equal(out + 16, rrch, 4);
+    assert_int_equal(rs_sdp_msg_check(out, 20, &d, NULL, &cl), 0);
+    assert_int_equal(cl, 0xabcdef);
+}
+
+static void test_msg_check_rejects(void **state)
+{
+    (void)state;
+    uint8_t buf[64] = { 0 };
+    struct rs_sdp_bsdh h = { .mid = RS_SDP_MID_DATA, .len = 40, .mseq = 1 };
+    struct rs_sdp_bsdh d;
+    rs_sdp_bsdh_encode(&h, buf);
+    assert_int_equal(rs_sdp_msg_check(buf, 40, &d, NULL, NULL), 0);
+    /* len must equal what arrived */
+    assert_int_equal(rs_sdp_msg_check(buf, 39, &d, NULL, NULL), -EBADMSG);
+    assert_int_equal(rs_sdp_msg_check(buf, 12, &d, NULL, NULL), -EBADMSG);
+    /* control messages carry no payload */
+    h.mid = RS_SDP_MID_DISCONN;
+    rs_sdp_bsdh_encode(&h, buf);
+    assert_int_equal(rs_sdp_msg_check(buf, 40, &d, NULL, NULL), -EPROTO);
+    h.len = 16;
+    rs_sdp_bsdh_encode(&h, buf);
+    assert_int_equal(rs_sdp_msg_check(buf, 16, &d, NULL, NULL), 0);
+    /* unknown MIDs, Hello on the QP, modes rdmasock never negotiates */
+    const uint8_t bad_mids[] = { 0x00, 0x01, 0x07, 0x0b, 0x0d, 0x0f, 0x40, 0x80, 0xfc };
+    for (size_t i = 0; i < sizeof(bad_mids); i++) {
+        h.mid = bad_mids[i];
+        rs_sdp_bsdh_encode(&h, buf);
+        assert_int_equal(rs_sdp_msg_check(buf, 16, &d, NULL, NULL), -EPROTO);
+    }
+    /* urgent data */
+    h.mid = RS_SDP_MID_DATA;
+    h.flags = RS_SDP_FLAG_OOB_PRES;
+    rs_sdp_bsdh_encode(&h, buf);
+    assert_int_equal(rs_sdp_msg_check(buf, 16, &d, NULL, NULL), -EPROTO);
+    /* a SrcAvail needs its SrcAH and a non-zero length */
+    h.flags = 0;
+    h.mid = RS_SDP_MID_SRC_AVAIL;
+    h.len = 16;
+    rs_sdp_bsdh_encode(&h, buf);
+    assert_int_equal(rs_sdp_msg_check(buf, 16, &d, NULL, NULL), -EBADMSG);
+    h.len = 32;
+    struct rs_sdp_avail a = { .len = 0, .rkey = 1, .vaddr = 2 };
+    rs_sdp_avail_encode(&h, &a, buf);
+    assert_int_equal(rs_sdp_msg_check(buf, 32, &d, NULL, NULL), -EPROTO);
+    assert_string_equal(rs_sdp_mid_name(RS_SDP_MID_SINK_CANCEL_ACK), "SinkCancelAck");
+    assert_string_equal(rs_sdp_mid_name(0x55), "Unknown");
+}
+
+static void test_hello_fits_rdma_cm(void **state)
+{
+    (void)state;
+    struct rs_sdp_hello h = {
+        .bsdh = { .bufs = 15 }, .version = RS_SDP_VERSION, .ip_version = 4, .caps = RS_SDP_CAP_INVALIDATE,
+        .max_adverts = 1, .desired_remote_rcv_size = 65552, .rcv_size = 65552, .port = 0x1f90, .has_ext = true,
+        .ext_flags = RS_SDP_EXT_ZCOPY, .ka_rkey = 0x12345678, .ka_addr = 0xa1a2a3a4a5a6a7a8ull,
+    };
+    uint8_t out[64];
+    memset(out, 0xee, sizeof(out));
+    size_t n = rs_sdp_hello_encode(&h, out, sizeof(out));
+    /* rdma_cm leaves 56 bytes of REQ private data on IP addresses */
+    assert_true(n <= 56);
+    assert_int_equal(n, RS_SDP_HELLO_LEN);
+    /* BSDH: Hello, bufs, len = whole Hello, mseq 0 */
+    const uint8_t bsdh[16] = { 0x00, 0x00, 0x00, 0x0f, 0x00, 0x00, 0x00, 48, 0, 0, 0, 0, 0, 0, 0, 0 };
+    assert_memory_equal(out, bsdh, 16);
+    /* HH at the Annex A4 offsets */
+    assert_int_equal(out[16], 0x22);                /* majv_minv */
+    assert_int_equal(out[17], 0x41);                /* IP version 4, cap: incoming Send w/ Invalidate */
+    assert_int_equal(out[19], 1);                   /* max_adverts */
+    const uint8_t sizes[8] = { 0x00, 0x01, 0x00, 0x10, 0x00, 0x01, 0x00, 0x10 };
+    assert_memory_equal(out + 20, sizes, 8);        /* desremrcvsz, localrcvsz */
+    assert_int_equal(out[28], 0x1f);
+    assert_int_equal(out[29], 0x90);                /* port */
+    assert_int_equal(out[32], 0x52);
+    assert_int_equal(out[33], 0x53);                /* extension magic "RS" */
+    assert_int_equal(out[48], 0xee);                /* nothing written past the Hello */
+    struct rs_sdp_hello d;
+    /* rdma_cm may hand over padded private data */
+    assert_int_equal(rs_sdp_hello_decode(out, 56, &d), 0);
+    assert_int_equal(d.bsdh.bufs, 15);
+    assert_int_equal(d.rcv_size, 65552);
+    assert_int_equal(d.desired_remote_rcv_size, 65552);
+    assert_int_equal(d.port, 0x1f90);
+    assert_int_equal(d.ip_version, 4);
+    assert_true(d.has_ext);
+    assert_int_equal(d.ext_flags, RS_SDP_EXT_ZCOPY);
+    assert_int_equal(d.ka_rkey, 0x12345678);
+    assert_true(d.ka_addr == 0xa1a2a3a4a5a6a7a8ull);
+    /* a peer that sends only BSDH + the standard HH part still works (no extension: no zero copy) */
+    out[7] = 32;
+    assert_int_equal(rs_sdp_hello_decode(out, 32, &d), 0);
+    assert_false(d.has_ext);
+    out[7] = 48;
+    /* other major versions, other MIDs, truncation */
+    out[16] = 0x11;
+    assert_int_equal(rs_sdp_hello_decode(out, 48, &d), -EPROTO);
+    out[16] = 0x22;
+    out[0] = 0x01;
+    assert_int_equal(rs_sdp_hello_decode(out, 48, &d), -EPROTO);
+    out[0] = 0x00;
+    assert_int_equal(rs_sdp_hello_decode(out, 20, &d), -EBADMSG);
+    assert_int_equal(rs_sdp_hello_encode(&h, out, 40), 0);
+}
+
+static void test_hello_ack(void **state)
+{
+    (void)state;
+    struct rs_sdp_hello h = {
+        .bsdh = { .bufs = 300 }, .version = RS_SDP_VERSION, .ip_version = 6, .max_adverts = 1, .rcv_size = 4112,
+        .has_ext = true, .ext_flags = RS_SDP_EXT_ZCOPY, .ka_rkey = 9, .ka_addr = 10,
+    };
+    uint8_t out[196];
+    size_t n = rs_sdp_hello_ack_encode(&h, out, sizeof(out));
+    assert_int_equal(n, RS_SDP_HELLO_ACK_LEN);
+    assert_int_equal(out[0], RS_SDP_MID_HELLO_ACK);
+    assert_int_equal(out[2], 0x01);
+    assert_int_equal(out[3], 0x2c);     /* bufs 300 */
+    assert_int_equal(out[16], 0x22);
+    assert_int_equal(out[17], 0x60);
+    const uint8_t actrcvsz[4] = { 0x00, 0x00, 0x10, 0x10 };
+    assert_memory_equal(out + 20, actrcvsz, 4);
+    struct rs_sdp_hello d;
+    assert_int_equal(rs_sdp_hello_ack_decode(out, n, &d), 0);
+    assert_int_equal(d.bsdh.bufs, 300);
+    assert_int_equal(d.rcv_size, 4112);
+    assert_int_equal(d.ka_rkey, 9);
+    /* a Hello is not a HelloAck */
+    assert_int_equal(rs_sdp_hello_decode(out, n, &d), -EPROTO);
+}
+
+static void test_seq_diff_wraps(void **state)
+{
+    (void)state;
+    assert_true(rs_sdp_seq_diff(5, 3) == 2);
+    assert_true(rs_sdp_seq_diff(3, 5) == -2);
+    assert_true(rs_sdp_seq_diff(1, 0xffffffffu) == 2);
+    assert_true(rs_sdp_seq_diff(0xffffffffu, 1) == -2);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_bsdh_bytes),
+        cmocka_unit_test(test_avail_and_compl_bytes),
+        cmocka_unit_test(test_msg_check_rejects),
+        cmocka_unit_test(test_hello_fits_rdma_cm),
+        cmocka_unit_test(test_hello_ack),
+        cmocka_unit_test(test_seq_diff_wraps),
+    };
+    return cmocka_run_group_tests_name("sdp_wire", tests, NULL, NULL);
+}

@@ -1,0 +1,543 @@
+/*
+ * SDP zero copy: SrcAvail read by the receiver, SinkAvail written by the sender, the switch-over between copy and
+ * zero copy around the threshold, SendSm (MSG_PEEK, small reads), both cancels (idle source, receiver timeout and
+ * signal) with canaries proving no RDMA access lands after a cancel completed, a race stress where sinks and data
+ * cross all the time, registration-cache coherence after munmap, and nonblocking sends that must copy.
+ */
+#include <sys/mman.h>
+#include <sys/socket.h>
+
+#include "test_sdp_util.h"
+
+#define CANARY 0xc5
+
+static void zcopy_64k_fixed(struct rs_sdp_sock *s)
+{
+    set_int(s, RS_SOL_SDP, RS_SDP_ZCOPY_THRESHOLD, 65536);
+    set_int(s, RS_SOL_SDP, RS_SDP_ZCOPY_ADAPTIVE, 0);
+}
+
+struct reader {
+    struct rs_sdp_sock *s;
+    uint8_t *buf;
+    size_t len;
+    unsigned delay_ms;
+    size_t chunk;           /* recv size (0: all at once) */
+    int flags;
+    size_t got;
+    ssize_t error;
+};
+
+static void *reader_main(void *p)
+{
+    struct reader *r = p;
+    usleep(r->delay_ms * 1000u);
+    r->got = 0;
+    r->error = 0;
+    while (r->got < r->len) {
+        size_t want = r->len - r->got;
+        if (r->chunk && want > r->chunk)
+            want = r->chunk;
+        ssize_t n = rs_sdp_recv(r->s, r->buf + r->got, want, r->flags);
+        if (n <= 0) {
+            r->error = n;
+            break;
+        }
+        r->got += (size_t)n;
+    }
+    return NULL;
+}
+
+static void test_srcavail_read(void **state)
+{
+    (void)state;
+    struct rs_sdp_sock *c, *a;
+    sdp_pair_opts(&c, &a, zcopy_64k_fixed);
+    size_t len = 1u << 20;
+    uint8_t *data = malloc(len), *got = malloc(len);
+    fill_pattern(data, len, 21, 0);
+    /* the receiver arrives late: the SrcAvail waits in its queue and is read straight into its buffer */
+    struct reader r = { a, got, len, 100, 0, 0, 0, 0 };
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, reader_main, &r), 0);
+    assert_int_equal(rs_sdp_send(c, data, len, 0), (ssize_t)len);
+    pthread_join(t, NULL);
+    assert_int_equal(r.error, 0);
+    assert_memory_equal(got, data, len);
+    struct rs_sdp_stats sc = sdp_stats(c), sa = sdp_stats(a);
+    assert_int_equal(sc.src_avail_sent, 1);
+    assert_true(sc.zcopy_src_bytes == len);
+    assert_true(sa.zcopy_read_bytes == len);
+    assert_int_equal(sc.data_msgs_sent, 0);
+    free(data);
+    free(got);
+    rs_sdp_close(c);
+    rs_sdp_close(a);
+}
+
+static void test_sinkavail_write(void **state)
+{
+    (void)state;
+    struct rs_sdp_sock *c, *a;
+    sdp_pair_opts(&c, &a, zcopy_64k_fixed);
+    size_t len = 1u << 20;
+    uint8_t *data = malloc(len), *got = malloc(len);
+    fill_pattern(data, len, 22, 0);
+    /* the receiver is waiting first: its buffer becomes a sink and the sender writes straight into it */
+    struct reader r = { a, got, len, 0, 0, 0, 0, 0 };
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, reader_main, &r), 0);
+    usleep(100000);
+    assert_int_equal(rs_sdp_send(c, data, len, 0), (ssize_t)len);
+    pthread_join(t, NULL);
+    assert_int_equal(r.error, 0);
+    assert_memory_equal(got, data, len);
+    struct rs_sdp_stats sc = sdp_stats(c), sa = sdp_stats(a);
+    assert_true(sa.sink_avail_sent >= 1);
+    assert_true(sc.zcopy_sink_bytes > 0);
+    assert_true(sa.zcopy_written_bytes == sc.zcopy_sink_bytes);
+    assert_int_equal(sa.sinks_crossed, 0);
+    free(data);
+    free(got);
+    rs_sdp_close(c);
+    rs_sdp_close(a);
+}
+
+static void test_switch_over(void **state)
+{
+    (void)state;
+    struct rs_sdp_sock *c, *a;
+    sdp_pair_opts(&c, &a, zcopy_64k_fixed);
+    static const size_t sizes[] = { 1, 100, 4095, 65535, 65536, 65537, 1u << 20, 17, 300000, 2u << 20, 5,
+                                    131072, 3, 70000, 1u << 20, 64 };
+    size_t total = 0;
+    for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++)
+        total += sizes[i];
+    uint8_t *data = malloc(total), *got = malloc(total);
+    fill_pattern(data, total, 23, 0);
+    struct reader r = { a, got, total, 0, 200000, 0, 0, 0 };
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, reader_main, &r), 0);
+    size_t off = 0;
+    for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+        /* each write from its own buffer, scribbled afterwards */
+        uint8_t *b = malloc(sizes[i]);
+        memcpy(b, data + off, sizes[i]);
+        send_all(c, b, sizes[i]);
+        memset(b, 0xee, sizes[i]);
+        free(b);
+        off += sizes[i];
+        if (i % 3 == 0)
+            usleep(20000);
+    }
+    pthread_join(t, NULL);
+    assert_int_equal(r.error, 0);
+    long bad = check_pattern(got, total, 23, 0);
+    if (bad >= 0)
+        fail_msg("stream differs at %ld", bad);
+    struct rs_sdp_stats sc = sdp_stats(c);
+    assert_true(sc.data_msgs_sent > 0);
+    assert_true(sc.zcopy_src_bytes + sc.zcopy_sink_bytes > 0);
+    free(data);
+    free(got);
+    rs_sdp_close(c);
+    rs_sdp_close(a);
+}
+
+static void test_threshold_option(void **state)
+{
+    (void)state;
+    struct rs_sdp_sock *s;
+    assert_int_equal(rs_sdp_socket(AF_INET, sdp_kind(), 0, &s), 0);
+    assert_int_equal(get_int(s, RS_SOL_SDP, RS_SDP_ZCOPY_THRESHOLD), -1);
+    int v = 100;
+    assert_int_equal(rs_sdp_setsockopt(s, RS_SOL_SDP, RS_SDP_ZCOPY_THRESHOLD, &v, sizeof(v)), -EINVAL);
+    v = -2;
+    assert_int_equal(rs_sdp_setsockopt(s, RS_SOL_SDP, RS_SDP_ZCOPY_THRESHOLD, &v, sizeof(v)), -EINVAL);
+    set_int(s, RS_SOL_SDP, RS_SDP_ZCOPY_THRESHOLD, 262144);
+    assert_int_equal(get_int(s, RS_SOL_SDP, RS_SDP_ZCOPY_THRESHOLD), 262144);
+    assert_int_equal(rs_sdp_setsockopt(s, 999, 1, &v, sizeof(v)), -ENOPROTOOPT);
+    rs_sdp_close(s);
+
+    /* off on both ends: nothing but Data messages */
+    struct rs_sdp_sock *c, *a;
+    sdp_pair(&c, &a);
+    set_int(c, RS_SOL_SDP, RS_SDP_ZCOPY_THRESHOLD, 0);
+    set_int(a, RS_SOL_SDP, RS_SDP_ZCOPY_THRESHOLD, 0);
+    size_t len = 1u << 20;
+    uint8_t *data = malloc(len), *got = malloc(len);
+    fill_pattern(data, len, 24, 0);
+    struct reader r = { a, got, len, 50, 0, 0, 0, 0 };
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, reader_main, &r), 0);
+    send_all(c, data, len);
+    pthread_join(t, NULL);
+    assert_memory_equal(got, data, len);
+    struct rs_sdp_stats sc = sdp_stats(c), sa = sdp_stats(a);
+    assert_int_equal(sc.src_avail_sent + sa.sink_avail_sent, 0);
+    assert_int_equal(sc.zcopy_threshold_now, 0);
+
+    /* 256 KiB: writes of 128 KiB are copied, 512 KiB ones are lent */
+    set_int(c, RS_SOL_SDP, RS_SDP_ZCOPY_THRESHOLD, 262144);
+    set_int(c, RS_SOL_SDP, RS_SDP_ZCOPY_ADAPTIVE, 0);
+    r = (struct reader){ a, got, 131072, 100, 0, 0, 0, 0 };
+    assert_int_equal(pthread_create(&t, NULL, reader_main, &r), 0);
+    send_all(c, data, 131072);
+    pthread_join(t, NULL);
+    assert_int_equal(sdp_stats(c).src_avail_sent, 0);
+    r = (struct reader){ a, got, 524288, 100, 0, 0, 0, 0 };
+    assert_int_equal(pthread_create(&t, NULL, reader_main, &r), 0);
+    send_all(c, data, 524288);
+    pthread_join(t, NULL);
+    assert_memory_equal(got, data, 524288);
+    assert_int_equal(sdp_stats(c).src_avail_sent, 1);
+    free(data);
+    free(got);
+    rs_sdp_close(c);
+    rs_sdp_close(a);
+}
+
+static void test_peek_and_small_reads_get_sendsm(void **state)
+{
+    (void)state;
+    struct rs_sdp_sock *c, *a;
+    sdp_pair_opts(&c, &a, zcopy_64k_fixed);
+    size_t len = 1u << 20;
+    uint8_t *data = malloc(len), *got = malloc(len);
+    fill_pattern(data, len, 25, 0);
+    /* MSG_PEEK cannot consume a SrcAvail: SendSm, and the bytes come by copy */
+    struct reader r = { a, got, 100, 100, 0, MSG_PEEK, 0, 0 };
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, reader_main, &r), 0);
+    send_all(c, data, len);
+    pthread_join(t, NULL);
+    assert_int_equal(r.error, 0);
+    assert_memory_equal(got, data, 100);
+    recv_all(a, got, len);
+    assert_memory_equal(got, data, len);
+    struct rs_sdp_stats sc = sdp_stats(c), sa = sdp_stats(a);
+    assert_int_equal(sa.send_sm_sent, 1);
+    assert_int_equal(sc.send_sm_received, 1);
+    assert_true(sc.zcopy_src_bytes == 0);
+
+    /* reads of 1000 bytes: not worth an RDMA READ each */
+    r = (struct reader){ a, got, len, 100, 1000, 0, 0, 0 };
+    assert_int_equal(pthread_create(&t, NULL, reader_main, &r), 0);
+    send_all(c, data, len);
+    pthread_join(t, NULL);
+    assert_int_equal(r.error, 0);
+    assert_memory_equal(got, data, len);
+    assert_int_equal(sdp_stats(a).send_sm_sent, 2);
+    free(data);
+    free(got);
+    rs_sdp_close(c);
+    rs_sdp_close(a);
+}
+
+static void test_src_idle_cancel(void **state)
+{
+    (void)state;
+    struct rs_sdp_sock *c, *a;
+    sdp_pair_opts(&c, &a, zcopy_64k_fixed);
+    size_t len = 512u << 10;
+    uint8_t *data = malloc(len), *got = malloc(len);
+    fill_pattern(data, len, 26, 0);
+    /* nobody reads for a second: the SrcAvail is cancelled and the bytes go into the send ring instead */
+    struct reader r = { a, got, len, 1000, 0, 0, 0, 0 };
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, reader_main, &r), 0);
+    uint64_t t0 = now_ms();
+    assert_int_equal(rs_sdp_send(c, data, len, 0), (ssize_t)len);
+    uint64_t took = now_ms() - t0;
+    assert_true(took >= 150 && took < 900);
+    memset(data + len / 2, 0xee, 16);   /* send() returned: our buffer is ours again */
+    pthread_join(t, NULL);
+    assert_int_equal(r.error, 0);
+    long bad = check_pattern(got, len, 26, 0);
+    if (bad >= 0)
+        fail_msg("stream differs at %ld", bad);
+    struct rs_sdp_stats sc = sdp_stats(c);
+    assert_int_equal(sc.src_cancels, 1);
+    assert_int_equal(sc.src_avail_sent, 1);
+    free(data);
+    free(got);
+    rs_sdp_close(c);
+    rs_sdp_close(a);
+}
+
+static volatile sig_atomic_t usr1_hits;
+
+static void on_usr1(int sig)
+{
+    (void)sig;
+    usr1_hits++;
+}
+
+struct sink_arg {
+    struct rs_sdp_sock *s;
+    uint8_t *buf;
+    size_t len;
+    ssize_t result;
+};
+
+static void *sink_recv(void *p)
+{
+    struct sink_arg *a = p;
+    a->result = rs_sdp_recv(a->s, a->buf, a->len, 0);
+    return NULL;
+}
+
+static void check_canary(const uint8_t *buf, size_t len)
+{
+    for (size_t i = 0; i < len; i++) {
+        if (buf[i] != CANARY)
+            fail_msg("byte %zu of a cancelled sink changed: %#x", i, buf[i]);
+    }
+}
+
+static void test_sink_cancels(void **state)
+{
+    (void)state;
+    struct rs_sdp_sock *c, *a;
+    sdp_pair_opts(&c, &a, zcopy_64k_fixed);
+    size_t len = 1u << 20;
+    uint8_t *sink1 = malloc(len), *sink2 = malloc(len), *data = malloc(len), *got = malloc(len);
+    memset(sink1, CANARY, len);
+    memset(sink2, CANARY, len);
+    fill_pattern(data, len, 27, 0);
+    /* timeout: the sink is cancelled and acknowledged before recv returns */
+    struct timeval tv = { 0, 200000 };
+    assert_int_equal(rs_sdp_setsockopt(a, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)), 0);
+    uint64_t t0 = now_ms();
+    assert_int_equal(rs_sdp_recv(a, sink1, len, 0), -EAGAIN);
+    assert_true(now_ms() - t0 >= 190);
+    assert_int_equal(sdp_stats(a).sink_avail_sent, 1);
+    assert_int_equal(sdp_stats(a).sink_cancels, 1);
+    /* signal: the same, reported as EINTR */
+    struct sigaction sa, old;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = on_usr1;
+    sigaction(SIGUSR1, &sa, &old);
+    tv.tv_sec = 5;
+    assert_int_equal(rs_sdp_setsockopt(a, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)), 0);
+    struct sink_arg arg = { a, sink2, len, 0 };
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, sink_recv, &arg), 0);
+    usleep(150000);
+    pthread_kill(t, SIGUSR1);
+    pthread_join(t, NULL);
+    sigaction(SIGUSR1, &old, NULL);
+    assert_int_equal(arg.result, -EINTR);
+    assert_int_equal(sdp_stats(a).sink_cancels, 2);
+    /* data sent afterwards goes elsewhere: both cancelled buffers stay untouched */
+    struct reader r = { a, got, len, 0, 0, 0, 0, 0 };
+    assert_int_equal(pthread_create(&t, NULL, reader_main, &r), 0);
+    send_all(c, data, len);
+    pthread_join(t, NULL);
+    assert_int_equal(r.error, 0);
+    assert_memory_equal(got, data, len);
+    check_canary(sink1, len);
+    check_canary(sink2, len);
+    free(sink1);
+    free(sink2);
+    free(data);
+    free(got);
+    rs_sdp_close(c);
+    rs_sdp_close(a);
+}
+
+/* ---- races ---- */
+
+static void zcopy_4k_fixed(struct rs_sdp_sock *s)
+{
+    set_int(s, RS_SOL_SDP, RS_SDP_ZCOPY_THRESHOLD, 4096);
+    set_int(s, RS_SOL_SDP, RS_SDP_ZCOPY_ADAPTIVE, 0);
+}
+
+struct race_sender {
+    struct rs_sdp_sock *s;
+    uint64_t duration_ms;
+    uint64_t sent;
+    ssize_t error;
+};
+
+static void *race_send(void *p)
+{
+    struct race_sender *rs = p;
+    uint64_t x = 88172645463325252ull;
+    uint8_t *buf = malloc(512u << 10);
+    uint64_t end = now_ms() + rs->duration_ms;
+    while (now_ms() < end) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        size_t n = 1 + (size_t)(x % (512u << 10));
+        if (x & 0x100)
+            n = 1 + n % 8192;
+        fill_pattern(buf, n, 28, rs->sent);
+        size_t off = 0;
+        while (off < n) {
+            ssize_t r = rs_sdp_send(rs->s, buf + off, n - off, MSG_NOSIGNAL);
+            if (r <= 0) {
+                rs->error = r;
+                goto out;
+            }
+            off += (size_t)r;
+        }
+        memset(buf, 0xee, n);
+        rs->sent += n;
+        if (x & 0x200)
+            usleep((unsigned)(x >> 40) % 2000);
+    }
+    rs->error = rs_sdp_shutdown(rs->s, SHUT_WR);
+out:
+    free(buf);
+    return NULL;
+}
+
+static void test_cancel_race_stress(void **state)
+{
+    (void)state;
+    struct rs_sdp_sock *c, *a;
+    sdp_pair_opts(&c, &a, zcopy_4k_fixed);
+    struct race_sender rs = { c, 3000, 0, 0 };
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, race_send, &rs), 0);
+    /* the receiver posts large sinks with timeouts of a few milliseconds: sinks cross data, get cancelled while
+     * the sender is writing into them, expire while an RdmaWrCompl is on its way... */
+    size_t len = 1u << 20;
+    uint8_t *buf = malloc(len);
+    uint64_t pos = 0, x = 0x5deece66dull;
+    int timeouts = 0;
+    for (;;) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        struct timeval tv = { 0, 500 + (suseconds_t)(x % 3000) };
+        assert_int_equal(rs_sdp_setsockopt(a, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)), 0);
+        memset(buf, CANARY, len);
+        ssize_t n = rs_sdp_recv(a, buf, len, 0);
+        if (n == -EAGAIN) {
+            timeouts++;
+            check_canary(buf, len);
+            continue;
+        }
+        assert_true(n >= 0);
+        if (n == 0)
+            break;
+        long bad = check_pattern(buf, (size_t)n, 28, pos);
+        if (bad >= 0)
+            fail_msg("stream differs at %llu", (unsigned long long)(pos + (uint64_t)bad));
+        /* nothing beyond what recv reported may have been written */
+        check_canary(buf + n, len - (size_t)n);
+        pos += (uint64_t)n;
+    }
+    pthread_join(t, NULL);
+    assert_int_equal(rs.error, 0);
+    assert_true(pos == rs.sent);
+    struct rs_sdp_stats sc = sdp_stats(c), sa = sdp_stats(a);
+    print_message("# %llu MiB, %d receive timeouts, SinkAvail %llu cancels %llu crossed %llu/%llu, written %llu "
+                  "MiB, SrcAvail %llu read %llu MiB\n",
+                  (unsigned long long)(pos >> 20), timeouts, (unsigned long long)sa.sink_avail_sent,
+                  (unsigned long long)sa.sink_cancels, (unsigned long long)sa.sinks_crossed,
+                  (unsigned long long)sc.sinks_crossed, (unsigned long long)(sa.zcopy_written_bytes >> 20),
+                  (unsigned long long)sc.src_avail_sent, (unsigned long long)(sa.zcopy_read_bytes >> 20));
+    assert_true(sa.sink_cancels > 0);
+    assert_true(sa.zcopy_written_bytes > 0);
+    assert_true(sa.sinks_crossed == sc.sinks_crossed);
+    free(buf);
+    rs_sdp_close(c);
+    rs_sdp_close(a);
+}
+
+/* ---- registration cache ---- */
+
+static void test_regcache_unmapped(void **state)
+{
+    (void)state;
+    struct rs_sdp_sock *c, *a;
+    sdp_pair_opts(&c, &a, zcopy_64k_fixed);
+    size_t len = 2u << 20;
+    uint8_t *got = malloc(len);
+    uint8_t *m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    assert_true(m != MAP_FAILED);
+    fill_pattern(m, len, 29, 0);
+    struct reader r = { a, got, len, 50, 0, 0, 0, 0 };
+    pthread_t t;
+    /* first use: registered (a miss) */
+    assert_int_equal(pthread_create(&t, NULL, reader_main, &r), 0);
+    send_all(c, m, len);
+    pthread_join(t, NULL);
+    assert_memory_equal(got, m, len);
+    struct rs_sdp_stats s0 = sdp_stats(c);
+    assert_int_equal(s0.src_avail_sent, 1);
+    /* same buffer again: the cached registration (a hit) */
+    assert_int_equal(pthread_create(&t, NULL, reader_main, &r), 0);
+    send_all(c, m, len);
+    pthread_join(t, NULL);
+    struct rs_sdp_stats s1 = sdp_stats(c);
+    assert_true(s1.regcache_hits == s0.regcache_hits + 1);
+    assert_true(s1.regcache_misses == s0.regcache_misses);
+    /* unmapped and mapped again at the same address with other contents: the stale registration is gone */
+    assert_int_equal(munmap(m, len), 0);
+    rs_sdp_mem_unmapped(m, len);
+    uint8_t *m2 = mmap(m, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+    assert_true(m2 == m);
+    fill_pattern(m2, len, 30, 0);
+    assert_int_equal(pthread_create(&t, NULL, reader_main, &r), 0);
+    send_all(c, m2, len);
+    pthread_join(t, NULL);
+    assert_int_equal(r.error, 0);
+    long bad = check_pattern(got, len, 30, 0);
+    if (bad >= 0)
+        fail_msg("received stale contents at %ld", bad);
+    struct rs_sdp_stats s2 = sdp_stats(c);
+    assert_true(s2.regcache_misses == s1.regcache_misses + 1);
+    munmap(m2, len);
+    free(got);
+    rs_sdp_close(c);
+    rs_sdp_close(a);
+}
+
+static void test_nonblocking_send_copies(void **state)
+{
+    (void)state;
+    struct rs_sdp_sock *c, *a;
+    sdp_pair_opts(&c, &a, zcopy_64k_fixed);
+    size_t len = 1u << 20;
+    uint8_t *data = malloc(len), *got = malloc(len);
+    fill_pattern(data, len, 31, 0);
+    /* a nonblocking send cannot lend the buffer: it copies what fits and returns at once */
+    ssize_t n = rs_sdp_send(c, data, len, MSG_DONTWAIT);
+    assert_true(n > 0);
+    memset(data, 0xee, (size_t)n);
+    recv_all(a, got, (size_t)n);
+    long bad = check_pattern(got, (size_t)n, 31, 0);
+    if (bad >= 0)
+        fail_msg("byte %ld was taken from the caller's buffer after send returned", bad);
+    assert_int_equal(sdp_stats(c).src_avail_sent, 0);
+    free(data);
+    free(got);
+    rs_sdp_close(c);
+    rs_sdp_close(a);
+}
+
+int main(void)
+{
+    signal(SIGPIPE, SIG_IGN);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_srcavail_read),
+        cmocka_unit_test(test_sinkavail_write),
+        cmocka_unit_test(test_switch_over),
+        cmocka_unit_test(test_threshold_option),
+        cmocka_unit_test(test_peek_and_small_reads_get_sendsm),
+        cmocka_unit_test(test_src_idle_cancel),
+        cmocka_unit_test(test_sink_cancels),
+        cmocka_unit_test(test_cancel_race_stress),
+        cmocka_unit_test(test_regcache_unmapped),
+        cmocka_unit_test(test_nonblocking_send_copies),
+    };
+    if (getenv("SDP_TEST_FILTER"))
+        cmocka_set_test_filter(getenv("SDP_TEST_FILTER"));
+    return cmocka_run_group_tests_name("sdp_zcopy", tests, NULL, NULL);
+}
