@@ -11,6 +11,7 @@
  */
 #include <fcntl.h>
 #include <linux/tcp.h>
+#include <stdatomic.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
@@ -90,7 +91,9 @@ static void test_nonblocking_connect_accept(void **state)
     assert_false(rs_sdp_poll(l) & POLLIN);
     assert_int_equal(rs_sdp_socket(AF_INET, sdp_kind(), RS_SDP_NONBLOCK, &c), 0);
     assert_int_equal(rs_sdp_connect(c, (struct sockaddr *)&addr, sizeof(addr)), -EINPROGRESS);
-    assert_int_equal(rs_sdp_connect(c, (struct sockaddr *)&addr, sizeof(addr)), -EALREADY);
+    /* still in progress, or (loopback is quick) already done */
+    int again = rs_sdp_connect(c, (struct sockaddr *)&addr, sizeof(addr));
+    assert_true(again == -EALREADY || again == -EISCONN);
     /* the listener's notification fd turns readable when a connection is ready */
     rs_sdp_interest(l, POLLIN, 1);
     assert_true(wait_readable(rs_sdp_fd(l), WAIT_MS) > 0);
@@ -333,12 +336,12 @@ static void test_timeouts(void **state)
     rs_sdp_close(a);
 }
 
-static volatile sig_atomic_t usr1_count;
+static atomic_int usr1_count;
 
 static void on_usr1(int sig)
 {
     (void)sig;
-    usr1_count++;
+    atomic_fetch_add(&usr1_count, 1);
 }
 
 struct recv_arg {
@@ -370,11 +373,11 @@ static void test_eintr(void **state)
     pthread_t t;
     assert_int_equal(pthread_create(&t, NULL, blocked_recv, &ra), 0);
     usleep(150000);
-    usr1_count = 0;
+    atomic_store(&usr1_count, 0);
     pthread_kill(t, SIGUSR1);
     pthread_join(t, NULL);
     assert_int_equal(ra.result, -EINTR);
-    assert_true(usr1_count == 1);
+    assert_int_equal(atomic_load(&usr1_count), 1);
     sigaction(SIGUSR1, &old, NULL);
     rs_sdp_close(c);
     rs_sdp_close(a);
