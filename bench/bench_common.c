@@ -1,4 +1,4 @@
-/* Micro-benchmarks of the common pieces every packet touches: CRC32c (software slicing-by-8 vs the SSE4.2
+/* Micro-benchmarks of the common pieces every packet touches: CRC32c (software slicing-by-8 vs the fastest
  * instruction) and rule matching (first match over N rules). Prints CSV; ratios matter, not absolute numbers. */
 #include <arpa/inet.h>
 #include <stdint.h>
@@ -35,7 +35,7 @@ static void bench_crc(void)
         if (rs_crc32c_hw_available()) {
             t0 = now_seconds();
             for (size_t i = 0; i < iters; i++)
-                sink += rs_crc32c_hw(0, buf, len);
+                sink += rs_crc32c(0, buf, len);
             hw = now_seconds() - t0;
         }
         double bytes = (double)iters * len;
@@ -79,7 +79,7 @@ static void bench_match(void)
 
 int main(void)
 {
-    puts("# kind,size,sw_GBps,hw_GBps,hw_over_sw,checksum");
+    puts("# kind,size,sw_GBps,selected_GBps (what rs_crc32c uses: folding, lanes or one chain),selected_over_sw,checksum");
     bench_crc();
     puts("# kind,rules,ns_per_lookup,all_fell_through");
     bench_match();
