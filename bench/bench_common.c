@@ -1,5 +1,6 @@
 /* Micro-benchmarks of the common pieces every packet touches: CRC32c (software slicing-by-8 vs the fastest
- * hardware path rs_crc32c selects) and rule matching (first match over N rules). Prints CSV; ratios matter, not absolute numbers. */
+ * hardware path rs_crc32c selects) and rule matching (first match over N rules). Prints CSV; ratios matter,
+ * not absolute numbers. */
 #include <arpa/inet.h>
 #include <stdint.h>
 #include <stdio.h>
