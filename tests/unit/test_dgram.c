@@ -39,11 +39,8 @@ static const size_t sizes[] = { 0, 1, 2, 17, 255, 256, 257, 1023, 1024, 1025, 40
 
 static void exchange_sizes(const char *rules)
 {
-    struct dt_world *w = dt_world(rules);
     struct dt_ep a, b;
-    dt_open(&a, w, "127.0.0.1", 0);
-    dt_open(&b, w, "127.0.0.1", 0);
-    dt_warm(&a, &b);
+    struct dt_world *w = dt_pair_open(&a, &b, rules);
     struct rs_dgram_stats sa0 = dt_stats(&a), sb0 = dt_stats(&b);
     uint8_t *out = malloc(65507), *in = malloc(70000);
     assert_non_null(out);
@@ -86,9 +83,7 @@ static void exchange_sizes(const char *rules)
     }
     free(out);
     free(in);
-    dt_close(&a);
-    dt_close(&b);
-    dt_world_free(w);
+    dt_pair_close(&a, &b, w);
 }
 
 static void test_sizes_sendrecv(void **state)
@@ -106,31 +101,23 @@ static void test_sizes_wrecord(void **state)
 static void test_too_big(void **state)
 {
     (void)state;
-    struct dt_world *w = dt_world("use both udp any 127.0.0.1 dgram=sendrecv\n");
     struct dt_ep a, b;
-    dt_open(&a, w, "127.0.0.1", 0);
-    dt_open(&b, w, "127.0.0.1", 0);
-    dt_warm(&a, &b);
+    struct dt_world *w = dt_pair_open(&a, &b, "use both udp any 127.0.0.1 dgram=sendrecv\n");
     uint8_t *buf = calloc(1, 70000);
     assert_non_null(buf);
     /* The IPv4 UDP limit holds over RDMA too, although the RNIC could carry more. */
     assert_int_equal(dt_send(&a, &b, buf, 65508), -EMSGSIZE);
     assert_int_equal(dt_send(&a, &b, buf, 65507), 65507);
     free(buf);
-    dt_close(&a);
-    dt_close(&b);
-    dt_world_free(w);
+    dt_pair_close(&a, &b, w);
 }
 
 /* ---- flags and boundaries ---- */
 
 static void flags_test(const char *rules)
 {
-    struct dt_world *w = dt_world(rules);
     struct dt_ep a, b;
-    dt_open(&a, w, "127.0.0.1", 0);
-    dt_open(&b, w, "127.0.0.1", 0);
-    dt_warm(&a, &b);
+    struct dt_world *w = dt_pair_open(&a, &b, rules);
     char buf[64];
     struct sockaddr_in src = { 0 };
     socklen_t sl = sizeof(src);
@@ -181,9 +168,7 @@ static void flags_test(const char *rules)
     assert_int_equal(rs_dgram_sendmsg(a.s, &sm, 0), 5);
     assert_int_equal(dt_recv(&b, buf, sizeof(buf), NULL, 2000), 5);
     assert_memory_equal(buf, "abcde", 5);
-    dt_close(&a);
-    dt_close(&b);
-    dt_world_free(w);
+    dt_pair_close(&a, &b, w);
 }
 
 static void test_flags_sendrecv(void **state)
@@ -263,11 +248,8 @@ static void test_connected_wrecord(void **state)
 
 static void plain_peer_test(const char *rules)
 {
-    struct dt_world *w = dt_world(rules);
     struct dt_ep a, b;
-    dt_open(&a, w, "127.0.0.1", 0);
-    dt_open(&b, w, "127.0.0.1", 0);
-    dt_warm(&a, &b);         /* a's port carries RDMA traffic as well */
+    struct dt_world *w = dt_pair_open(&a, &b, rules);  /* a's port carries RDMA traffic as well */
     int plain = dt_plain("127.0.0.2", 0);
     struct sockaddr_in paddr = dt_plain_addr(plain);
     uint8_t *out = malloc(65507), *in = malloc(70000);
@@ -318,9 +300,7 @@ static void plain_peer_test(const char *rules)
     free(out);
     free(in);
     close(plain);
-    dt_close(&a);
-    dt_close(&b);
-    dt_world_free(w);
+    dt_pair_close(&a, &b, w);
 }
 
 static void test_plain_peer_sendrecv(void **state)
@@ -489,11 +469,8 @@ static void test_both_mode_plain_peer(void **state)
 
 static void restart_test(const char *rules)
 {
-    struct dt_world *w = dt_world(rules);
     struct dt_ep a, b;
-    dt_open(&a, w, "127.0.0.1", 0);
-    dt_open(&b, w, "127.0.0.1", 0);
-    dt_warm(&a, &b);
+    struct dt_world *w = dt_pair_open(&a, &b, rules);
     char buf[2000];
     uint8_t out[1500];
     dt_fill(out, sizeof(out), 5);
@@ -529,9 +506,7 @@ static void restart_test(const char *rules)
     assert_true(sb.rx_rdma - b0.rx_rdma >= 10);
     assert_true(got >= sent - 10);              /* only what raced the restart may be lost */
     assert_true(rs_dgram_test_peer_rdma(a.s, (struct sockaddr *)&b.addr));
-    dt_close(&a);
-    dt_close(&b);
-    dt_world_free(w);
+    dt_pair_close(&a, &b, w);
 }
 
 static void test_restart_sendrecv(void **state)
@@ -583,11 +558,8 @@ static void test_close_says_bye(void **state)
 static void test_readiness_fd(void **state)
 {
     (void)state;
-    struct dt_world *w = dt_world("use both udp any 127.0.0.1 dgram=sendrecv\n");
     struct dt_ep a, b;
-    dt_open(&a, w, "127.0.0.1", 0);
-    dt_open(&b, w, "127.0.0.1", 0);
-    dt_warm(&a, &b);
+    struct dt_world *w = dt_pair_open(&a, &b, "use both udp any 127.0.0.1 dgram=sendrecv\n");
     int kfd = dt_plain("127.0.0.2", 0);
     rs_dgram_interest(b.s, POLLIN, 1);
     struct pollfd p[2] = { { .fd = rs_dgram_fd(b.s), .events = POLLIN }, { .fd = kfd, .events = POLLIN } };
@@ -619,19 +591,14 @@ static void test_readiness_fd(void **state)
     assert_int_equal(rs_dgram_recvfrom(b.s, buf, sizeof(buf), MSG_DONTWAIT, NULL, NULL), 1);
     rs_dgram_interest(b.s, POLLIN, -1);
     close(kfd);
-    dt_close(&a);
-    dt_close(&b);
-    dt_world_free(w);
+    dt_pair_close(&a, &b, w);
 }
 
 static void test_rcvtimeo(void **state)
 {
     (void)state;
-    struct dt_world *w = dt_world("use both udp any 127.0.0.1 dgram=wrecord\n");
     struct dt_ep a, b;
-    dt_open(&a, w, "127.0.0.1", 0);
-    dt_open(&b, w, "127.0.0.1", 0);
-    dt_warm(&a, &b);
+    struct dt_world *w = dt_pair_open(&a, &b, "use both udp any 127.0.0.1 dgram=wrecord\n");
     struct timeval tv = { 0, 150000 };
     assert_int_equal(rs_dgram_setsockopt(b.s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)), 0);
     struct timeval back;
@@ -643,9 +610,7 @@ static void test_rcvtimeo(void **state)
     assert_int_equal(rs_dgram_recvfrom(b.s, buf, sizeof(buf), 0, NULL, NULL), -EAGAIN);
     uint64_t took = dt_now_ms() - t0;
     assert_true(took >= 140 && took < 1000);
-    dt_close(&a);
-    dt_close(&b);
-    dt_world_free(w);
+    dt_pair_close(&a, &b, w);
 }
 
 static void on_signal(int sig) { (void)sig; }

@@ -262,6 +262,24 @@ static inline void dt_warm(struct dt_ep *a, struct dt_ep *b)
     dt_sync(b, a);
 }
 
+/* The set-up most tests start from: two endpoints on 127.0.0.1 under `rules`, already talking over RDMA.
+ * Returns the world for dt_pair_close. */
+static inline struct dt_world *dt_pair_open(struct dt_ep *a, struct dt_ep *b, const char *rules)
+{
+    struct dt_world *w = dt_world(rules);
+    dt_open(a, w, "127.0.0.1", 0);
+    dt_open(b, w, "127.0.0.1", 0);
+    dt_warm(a, b);
+    return w;
+}
+
+static inline void dt_pair_close(struct dt_ep *a, struct dt_ep *b, struct dt_world *w)
+{
+    dt_close(a);
+    dt_close(b);
+    dt_world_free(w);
+}
+
 /* ---- plain kernel sockets (a peer without rdmasock) ---- */
 
 static inline int dt_plain(const char *ip, uint16_t port)

@@ -157,6 +157,18 @@ static void break_loop(void *arg)
     ev_break(p->loop, EVBREAK_ALL);
 }
 
+/* Undoes rs_soft_progress_start once no loop thread runs. */
+static void progress_free(struct rs_soft_device *dev)
+{
+    struct rs_soft_progress *p = dev->progress;
+    ev_async_stop(p->loop, &p->wake);
+    ev_loop_destroy(p->loop);
+    pthread_cond_destroy(&p->done_cond);
+    pthread_mutex_destroy(&p->lock);
+    free(p);
+    dev->progress = NULL;
+}
+
 int rs_soft_progress_start(struct rs_soft_device *dev)
 {
     struct rs_soft_progress *p = calloc(1, sizeof(*p));
@@ -185,12 +197,7 @@ int rs_soft_progress_start(struct rs_soft_device *dev)
     int rc = pthread_create(&p->thread, NULL, loop_main, p);
     pthread_sigmask(SIG_SETMASK, &saved, NULL);
     if (rc != 0) {
-        ev_async_stop(p->loop, &p->wake);
-        ev_loop_destroy(p->loop);
-        pthread_cond_destroy(&p->done_cond);
-        pthread_mutex_destroy(&p->lock);
-        free(p);
-        dev->progress = NULL;
+        progress_free(dev);
         return -rc;
     }
     p->thread_running = true;
@@ -208,12 +215,7 @@ void rs_soft_progress_stop(struct rs_soft_device *dev)
         pthread_join(p->thread, NULL);
         p->thread_running = false;
     }
-    ev_async_stop(p->loop, &p->wake);
-    ev_loop_destroy(p->loop);
-    pthread_cond_destroy(&p->done_cond);
-    pthread_mutex_destroy(&p->lock);
-    free(p);
-    dev->progress = NULL;
+    progress_free(dev);
 }
 
 /* ---- fd watches ---- */
@@ -298,20 +300,25 @@ static void watch_delete(void *arg)
     w->deleted = true;
 }
 
+/* Stops a watch or timer on the loop thread and frees it once nothing can still name it. */
+static void retire_on_loop(struct rs_soft_device *dev, rs_soft_call_fn stop, void *obj, const char *what)
+{
+    if (rs_soft_progress_on_loop(dev)) {
+        stop(obj);
+        /* Calls queued before this point may still name obj; free it after them. */
+        if (rs_soft_progress_call(dev, free_later, obj) != 0)
+            RS_WARN("soft rnic: leaking a %s (out of memory)", what);
+        return;
+    }
+    rs_soft_progress_call_sync(dev, stop, obj);
+    free(obj);
+}
+
 void rs_soft_watch_del(struct rs_soft_watch *w)
 {
     if (!w)
         return;
-    struct rs_soft_device *dev = w->progress->dev;
-    if (rs_soft_progress_on_loop(dev)) {
-        watch_delete(w);
-        /* Calls queued before this point may still name w; free it after them. */
-        if (rs_soft_progress_call(dev, free_later, w) != 0)
-            RS_WARN("soft rnic: leaking a watch (out of memory)");
-        return;
-    }
-    rs_soft_progress_call_sync(dev, watch_delete, w);
-    free(w);
+    retire_on_loop(w->progress->dev, watch_delete, w, "watch");
 }
 
 /* ---- timers ---- */
@@ -372,13 +379,5 @@ void rs_soft_timer_free(struct rs_soft_timer *t)
 {
     if (!t)
         return;
-    struct rs_soft_device *dev = t->progress->dev;
-    if (rs_soft_progress_on_loop(dev)) {
-        timer_stop_for_free(t);
-        if (rs_soft_progress_call(dev, free_later, t) != 0)
-            RS_WARN("soft rnic: leaking a timer (out of memory)");
-        return;
-    }
-    rs_soft_progress_call_sync(dev, timer_stop_for_free, t);
-    free(t);
+    retire_on_loop(t->progress->dev, timer_stop_for_free, t, "timer");
 }

@@ -1046,6 +1046,16 @@ static int convert_send(struct rs_v_qp *qp, const struct rs_rnic_send_wr *wr, st
     return 0;
 }
 
+/* The provider took the first `posted` requests of a batch (all of them, or those before the one it refused):
+ * only their slots may be seen by the CQ poller. */
+static void wq_publish(struct rs_v_wq *q, uint32_t head, int posted)
+{
+    atomic_store_explicit(&q->head, head + (uint32_t)posted, memory_order_release);
+}
+
+/* ibv_post_* return a positive errno; a non-positive failure code carries no reason, so call it EINVAL. */
+static int post_errno(int pr) { return pr > 0 ? -pr : -EINVAL; }
+
 static int rc_post_send(struct rs_v_qp *qp, struct rs_rnic_send_wr *wr, struct rs_rnic_send_wr **bad_wr)
 {
     if (rc_flushing(qp)) {
@@ -1081,17 +1091,15 @@ static int rc_post_send(struct rs_v_qp *qp, struct rs_rnic_send_wr *wr, struct r
                 iw[n - 1].next = &iw[n];
             orig[n] = wr;
         }
-        int posted = n;
         if (n) {
             struct ibv_send_wr *ibad = NULL;
             int pr = ibv_post_send(qp->qp, iw, &ibad);
+            int posted = pr ? (int)(ibad - iw) : n;
+            wq_publish(&qp->sq, head, posted);
             if (pr) {
-                posted = (int)(ibad - iw);
-                atomic_store_explicit(&qp->sq.head, head + (uint32_t)posted, memory_order_release);
                 *bad_wr = orig[posted];
-                return pr > 0 ? -pr : -EINVAL;
+                return post_errno(pr);
             }
-            atomic_store_explicit(&qp->sq.head, head + (uint32_t)posted, memory_order_release);
         }
         if (r) {
             *bad_wr = wr;
@@ -1140,13 +1148,12 @@ static int rc_post_recv(struct rs_v_qp *qp, struct rs_rnic_recv_wr *wr, struct r
         if (n) {
             struct ibv_recv_wr *ibad = NULL;
             int pr = ibv_post_recv(qp->qp, iw, &ibad);
+            int posted = pr ? (int)(ibad - iw) : n;
+            wq_publish(&qp->rq, head, posted);
             if (pr) {
-                int posted = (int)(ibad - iw);
-                atomic_store_explicit(&qp->rq.head, head + (uint32_t)posted, memory_order_release);
                 *bad_wr = orig[posted];
-                return pr > 0 ? -pr : -EINVAL;
+                return post_errno(pr);
             }
-            atomic_store_explicit(&qp->rq.head, head + (uint32_t)n, memory_order_release);
         }
         if (r) {
             *bad_wr = wr;
