@@ -171,6 +171,17 @@ int rs_sdp_getpeername(struct rs_sdp_sock *s, struct sockaddr *addr, socklen_t *
 int rs_sdp_inq(struct rs_sdp_sock *s);
 int rs_sdp_outq(struct rs_sdp_sock *s);
 
+/*
+ * MSG_ZEROCOPY completions (after SO_ZEROCOPY): every send() with MSG_ZEROCOPY that took bytes gets the next
+ * 32-bit id, as in Linux. rdmasock copies such data (a nonblocking send cannot lend the buffer past its return), so
+ * the notification is ready at once with SO_EE_CODE_ZEROCOPY_COPIED; while one is pending the mask has POLLERR.
+ * Fills *ee as Linux puts it in the IP_RECVERR / IPV6_RECVERR control message of recvmsg(MSG_ERRQUEUE)
+ * (ee_origin SO_EE_ORIGIN_ZEROCOPY, ee_info..ee_data the id range) and returns 0, or -EAGAIN when none is
+ * pending. The interception layer builds the control message.
+ */
+struct sock_extended_err;
+int rs_sdp_recv_errqueue(struct rs_sdp_sock *s, struct sock_extended_err *ee);
+
 /* ---- registration cache coherence (called by the interception layer's munmap/mremap/madvise/brk hooks) ---- */
 
 /*

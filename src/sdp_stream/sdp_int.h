@@ -41,6 +41,9 @@
 #define SDP_SRCAVAIL_IDLE_MS 200u               /* a SrcAvail nobody reads is cancelled after this (bcopy takes over) */
 #define SDP_ZCOPY_MIN_THRESHOLD 4096u
 #define SDP_ZCOPY_MAX_THRESHOLD (1u << 20)
+#define SDP_ZC_CLASSES 12                       /* write sizes 4 KiB .. 8 MiB and above, by powers of two */
+#define SDP_ZC_PROBE_EVERY 32                   /* the slower method is tried again after 32, 64, ... 4096 writes */
+#define SDP_ZC_PROBE_MAX_LEVEL 7
 #define SDP_KA_IDLE_DEFAULT 7200
 #define SDP_KA_INTVL_DEFAULT 75
 #define SDP_KA_CNT_DEFAULT 9
@@ -149,6 +152,7 @@ struct rs_sdp_sock {
     bool wr_shut;                   /* SHUT_WR asked: DisConn follows the pending data */
     bool disconn_sent;
     bool disconn_rcvd;
+    bool ack_owed;                  /* the peer's DisConn must be acknowledged (its SO_LINGER waits for that) */
     uint32_t disconn_mseq;
     bool broken;                    /* reset / aborted / failed: nothing is sent any more */
     bool rnic_disconnect_done;      /* rs_rnic_disconnect called */
@@ -161,7 +165,6 @@ struct rs_sdp_sock {
     /* readiness */
     int notify_fd;
     bool notify_on;
-    unsigned ready_mask;            /* mask as of the last signal */
     uint16_t interest_count[16];    /* per poll bit */
     struct sdp_waiter *waiters;
 
@@ -177,7 +180,6 @@ struct rs_sdp_sock {
     bool rx_busy;                   /* a receiver owns the queue head */
     uint32_t rx_mseq_last;          /* last mseq received and processed */
     uint32_t adv_bufs, adv_ack;     /* bufs and mseq_ack in the last message we sent */
-    uint8_t last_rx_mid;
     bool last_rx_pure;              /* the last message received was a pure credit update */
 
     /* transmit */
@@ -203,12 +205,9 @@ struct rs_sdp_sock {
     uint32_t nagle_mseq;            /* our last partial Data message, unacknowledged while peer_ack < it */
     bool nagle_wait;
     uint64_t hold_since_ms;         /* when the pending partial message started waiting */
-    uint64_t unacked_data_bytes;    /* for SIOCOUTQ: bytes posted but not covered by peer_ack */
-    uint32_t data_mseq_bytes_idx;
 
     /* timers (all CLOCK_MONOTONIC ms, 0 = none) */
     uint64_t close_deadline;        /* orphan / linger */
-    uint64_t timer_armed;           /* progress thread: deadline currently armed */
 
     /* keepalive */
     uint64_t last_rx_ms, last_tx_ms;
@@ -222,7 +221,12 @@ struct rs_sdp_sock {
     /* zero copy */
     bool peer_zcopy;                /* the peer understands SrcAvail/SinkAvail */
     uint32_t zthresh;               /* adaptive threshold in force; 0 = off */
-    int zcopy_score;                /* adaptivity: successes minus failures */
+    struct {                        /* adaptivity per write-size class (sdp_zcopy.c): measured rates, MB/s EWMA */
+        uint32_t zc_rate, bc_rate;
+        uint16_t since_probe;
+        uint8_t probe_level;        /* probes of a method that keeps losing become rarer: every 32 << level */
+        bool probing;
+    } zclass[SDP_ZC_CLASSES];
     struct {                        /* our SrcAvail (we send) */
         bool active;
         bool cancel_sent;
@@ -263,6 +267,13 @@ struct rs_sdp_sock {
         struct sdp_reg *reg;
     } sink;
     uint32_t late_cancel_acks;      /* SinkCancelAck still to come for sinks we stopped waiting for */
+    uint32_t sink_skip;             /* receives left before we advertise a sink again (backoff) */
+    uint8_t sink_backoff;           /* log2 of the current backoff */
+
+    /* MSG_ZEROCOPY notifications (copied at once) */
+    uint32_t zc_next_id;
+    bool zc_pending;
+    uint32_t zc_lo, zc_hi;
 
     struct rs_sdp_stats stats;
     void *pw;                       /* progress watchers (sdp_progress.c) */
@@ -270,6 +281,7 @@ struct rs_sdp_sock {
 
 /* ---- sdp_sock.c ---- */
 uint64_t rs_sdp_now_ms(void);
+uint64_t rs_sdp_now_us(void);
 void rs_sdp_get(struct rs_sdp_sock *s);
 void rs_sdp_put(struct rs_sdp_sock *s);
 struct rs_sdp_sock *rs_sdp_sock_alloc(int family, int kind);
@@ -356,6 +368,10 @@ ssize_t rs_sdp_z_read_src(struct rs_sdp_sock *s, uint8_t *buf, size_t len, bool 
  * data (the caller continues with the queue), or a negative errno. */
 ssize_t rs_sdp_z_sink_recv(struct rs_sdp_sock *s, uint8_t *buf, size_t len, uint64_t deadline, bool *interrupted);
 void rs_sdp_z_fail(struct rs_sdp_sock *s);
+/* Adaptivity: should a blocking write of len bytes be lent (SrcAvail) rather than copied? And the measured
+ * outcome of either method for a write of len bytes that took us microseconds. */
+bool rs_sdp_z_choose_src(struct rs_sdp_sock *s, size_t len);
+void rs_sdp_z_record(struct rs_sdp_sock *s, size_t len, bool zcopy, uint64_t bytes, uint64_t us);
 /* Sends the zero-copy answers that were waiting for a credit; lock held. */
 void rs_sdp_z_flush_owed(struct rs_sdp_sock *s);
 void rs_sdp_z_on_write_complete(struct rs_sdp_sock *s, const struct rs_rnic_wc *wc);

@@ -5,6 +5,8 @@
  * back as Linux reports them (SO_RCVBUF/SO_SNDBUF doubled, timeouts as struct timeval).
  */
 #include <errno.h>
+#include <time.h>           /* before linux/errqueue.h, which uses struct timespec */
+#include <linux/errqueue.h>
 #include <linux/tcp.h>      /* the kernel's full struct tcp_info (glibc's copy is older) */
 #include <netinet/in.h>
 #include <string.h>
@@ -433,4 +435,26 @@ bool rs_sdp_get_nonblock(struct rs_sdp_sock *s)
     bool v = s->nonblock;
     pthread_mutex_unlock(&s->lock);
     return v;
+}
+
+int rs_sdp_recv_errqueue(struct rs_sdp_sock *s, struct sock_extended_err *ee)
+{
+    int r = rs_sdp_check_epoch(s);
+    if (r != 0)
+        return r;
+    pthread_mutex_lock(&s->lock);
+    if (!s->zc_pending) {
+        pthread_mutex_unlock(&s->lock);
+        return -EAGAIN;
+    }
+    memset(ee, 0, sizeof(*ee));
+    ee->ee_errno = 0;
+    ee->ee_origin = SO_EE_ORIGIN_ZEROCOPY;
+    ee->ee_code = SO_EE_CODE_ZEROCOPY_COPIED;
+    ee->ee_info = s->zc_lo;
+    ee->ee_data = s->zc_hi;
+    s->zc_pending = false;
+    rs_sdp_signal(s);
+    pthread_mutex_unlock(&s->lock);
+    return 0;
 }

@@ -106,7 +106,6 @@ void rs_sdp_on_recv(struct rs_sdp_sock *s, const struct rs_rnic_wc *wc)
     }
     s->last_rx_ms = rs_sdp_now_ms();
     s->stats.msgs_received++;
-    s->last_rx_mid = h.mid;
     uint32_t payload = h.len - rs_sdp_hdr_len(h.mid);
     s->last_rx_pure = h.mid == RS_SDP_MID_DATA && payload == 0;
     /* A Data message also acknowledges; more credits may let queued data go. */
@@ -144,6 +143,7 @@ void rs_sdp_on_recv(struct rs_sdp_sock *s, const struct rs_rnic_wc *wc)
         rs_sdp_z_on_msg(s, &h, &avail, compl_len);
         s->disconn_rcvd = true;
         s->rx_eof = true;
+        s->ack_owed = true;
         return;
     case RS_SDP_MID_ABORT:
         rs_sdp_fail(s, ECONNRESET, false);
@@ -416,7 +416,7 @@ ssize_t rs_sdp_recvmsg(struct rs_sdp_sock *s, const struct iovec *iov, int iovcn
     if (copied > 0 && result >= 0)
         result = (ssize_t)copied;
     if (result == -EAGAIN && copied == 0 && (s->rx_eof || s->state == SDP_ST_CLOSED) && s->rxq_count == 0)
-        result = s->so_error ? -s->so_error : 0;
+        result = rs_sdp_take_error(s, 0);
     s->dirty = true;
     rs_sdp_progress(s);
     if (s->dirty) {
@@ -436,6 +436,9 @@ ssize_t rs_sdp_recv(struct rs_sdp_sock *s, void *buf, size_t len, int flags)
 
 int rs_sdp_inq(struct rs_sdp_sock *s)
 {
+    int r = rs_sdp_check_epoch(s);
+    if (r != 0)
+        return r;
     pthread_mutex_lock(&s->lock);
     rs_sdp_progress(s);
     uint64_t q = s->rx_bytes_queued;

@@ -31,6 +31,13 @@ uint64_t rs_sdp_now_ms(void)
     return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
+uint64_t rs_sdp_now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
 /* ---- raw system calls ---- */
 
 static int sys_eventfd(void)
@@ -207,7 +214,7 @@ unsigned rs_sdp_mask_locked(struct rs_sdp_sock *s)
         break;
     }
     }
-    if (s->so_error)
+    if (s->so_error || s->zc_pending)
         m |= POLLERR;
     return m;
 }
@@ -231,7 +238,6 @@ void rs_sdp_signal(struct rs_sdp_sock *s)
         efd_drain(s->notify_fd);
         s->notify_on = false;
     }
-    s->ready_mask = mask;
     for (struct sdp_waiter *w = s->waiters; w; w = w->next) {
         if (!w->signalled) {
             w->signalled = true;

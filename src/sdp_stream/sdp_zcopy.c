@@ -40,6 +40,13 @@
 /* Below this the receiver would rather take a SrcAvail's bytes by copy (SendSm) than RDMA-read tiny pieces. */
 #define SDP_ZCOPY_MIN_READ 4096u
 
+/* One RDMA READ or WRITE carries at most the RNIC's largest RC message; longer transfers take several turns. */
+static uint32_t rdma_cap(const struct rs_sdp_sock *s, uint64_t n)
+{
+    uint32_t max = s->dev->caps->max_rc_msg ? s->dev->caps->max_rc_msg : (1u << 30);
+    return n < max ? (uint32_t)n : max;
+}
+
 uint32_t rs_sdp_zthresh(const struct rs_sdp_sock *s)
 {
     if (!s->peer_zcopy || s->zcopy_opt == 0 || s->broken)
@@ -65,6 +72,61 @@ static void adapt(struct rs_sdp_sock *s, bool good)
     }
     s->zthresh = cur;
     s->stats.zcopy_threshold_now = s->zcopy_adaptive ? cur : base;
+}
+
+/*
+ * Throughput adaptivity. Whether lending a buffer pays depends on the RNIC and the write size: on hardware it
+ * saves both CPU copies; on the software RNIC it saves nothing (the RNIC copies through kernel TCP anyway) while
+ * every write waits for a SrcAvail/READ/RdmaRdCompl round trip. So each connection measures both methods per
+ * write-size class (powers of two) and uses the faster, trying the slower again every SDP_ZC_PROBE_EVERY writes
+ * in case conditions changed. An unmeasured method is tried first.
+ */
+static unsigned zclass_of(size_t len)
+{
+    unsigned c = 0;
+    for (size_t v = len >> 13; v && c + 1 < SDP_ZC_CLASSES; v >>= 1)
+        c++;
+    return c;
+}
+
+bool rs_sdp_z_choose_src(struct rs_sdp_sock *s, size_t len)
+{
+    if (!s->zcopy_adaptive)
+        return true;
+    unsigned c = zclass_of(len);
+    uint32_t z = s->zclass[c].zc_rate, b = s->zclass[c].bc_rate;
+    if (z == 0)
+        return true;
+    if (b == 0)
+        return false;
+    bool zc_better = z >= b;
+    if (++s->zclass[c].since_probe >= (SDP_ZC_PROBE_EVERY << s->zclass[c].probe_level)) {
+        s->zclass[c].since_probe = 0;
+        s->zclass[c].probing = true;
+        return !zc_better;
+    }
+    return zc_better;
+}
+
+void rs_sdp_z_record(struct rs_sdp_sock *s, size_t len, bool zcopy, uint64_t bytes, uint64_t us)
+{
+    unsigned c = zclass_of(len);
+    uint32_t rate = (uint32_t)(bytes / (us ? us : 1));     /* bytes per microsecond = MB/s */
+    if (rate == 0)
+        rate = 1;
+    uint32_t *slot = zcopy ? &s->zclass[c].zc_rate : &s->zclass[c].bc_rate;
+    uint32_t other = zcopy ? s->zclass[c].bc_rate : s->zclass[c].zc_rate;
+    if (s->zclass[c].probing) {
+        /* A probe of the method that was losing: if it still loses, wait longer before the next one. */
+        s->zclass[c].probing = false;
+        if (rate < other) {
+            if (s->zclass[c].probe_level < SDP_ZC_PROBE_MAX_LEVEL)
+                s->zclass[c].probe_level++;
+        } else {
+            s->zclass[c].probe_level = 0;
+        }
+    }
+    *slot = *slot ? (*slot * 3 + rate) / 4 : rate;
 }
 
 static bool post_ctrl(struct rs_sdp_sock *s, uint8_t mid, uint32_t compl_len)
@@ -280,7 +342,7 @@ bool rs_sdp_z_push_sink(struct rs_sdp_sock *s, bool force)
     }
     if (!rs_sdp_can_send_data(s) || !rs_sdp_sq_has_room(s, 3))
         return false;
-    uint32_t n = pending < s->psink.len ? (uint32_t)pending : s->psink.len;
+    uint32_t n = rdma_cap(s, pending < s->psink.len ? pending : s->psink.len);
     uint32_t off = (uint32_t)(s->tx_posted % s->sbuf_size);
     uint32_t first = s->sbuf_size - off < n ? s->sbuf_size - off : n;
     struct rs_rnic_sge sge[2] = {
@@ -324,7 +386,19 @@ static int wait_step(struct rs_sdp_sock *s, uint64_t deadline, bool interruptibl
 /* Writes [buf, len) straight into the accepted peer sink; returns bytes written or a negative errno. */
 static ssize_t write_to_sink(struct rs_sdp_sock *s, const uint8_t *buf, size_t len)
 {
-    uint32_t n = len < s->psink.len ? (uint32_t)len : s->psink.len;
+    /* The WRITE and its RdmaWrCompl need two send slots and a data credit; the sink may be cancelled while we
+     * wait for them, and then the bytes go by copy. */
+    while (s->psink.active && !rs_sdp_can_send_data(s) && !s->broken) {
+        rs_sdp_progress(s);
+        if (!s->psink.active || rs_sdp_can_send_data(s) || s->broken)
+            break;
+        wait_step(s, 0, false);
+    }
+    if (s->broken)
+        return rs_sdp_take_error(s, -EPIPE);
+    if (!s->psink.active)
+        return 0;
+    uint32_t n = rdma_cap(s, len < s->psink.len ? len : s->psink.len);
     struct sdp_reg *reg;
     bool hit;
     if (rs_sdp_reg_get(s->dev->cache, (void *)(uintptr_t)buf, n, RS_ACCESS_REMOTE_READ, &reg, &hit) != 0)
@@ -372,8 +446,10 @@ ssize_t rs_sdp_z_send(struct rs_sdp_sock *s, const uint8_t *buf, size_t len, uin
     uint32_t zt = rs_sdp_zthresh(s);
     if (len > UINT32_MAX / 2)
         len = UINT32_MAX / 2;
-    /* Decide before touching the stream: a buffer not worth registering is copied like any other. */
-    if (!s->psink.active && (!zt || len < zt || !rs_sdp_reg_worth(s->dev->cache, buf, len, zt)))
+    /* Decide before touching the stream: a buffer not worth registering, or a size where copying measured
+     * faster on this connection, is copied like any other. */
+    if (!s->psink.active &&
+        (!zt || len < zt || !rs_sdp_z_choose_src(s, len) || !rs_sdp_reg_worth(s->dev->cache, buf, len, zt)))
         return 0;
     /* Stream order: what is already buffered goes first. */
     while (s->tx_posted != s->tx_tail || (!s->psink.active && !rs_sdp_can_send_data(s))) {
@@ -414,6 +490,7 @@ ssize_t rs_sdp_z_send(struct rs_sdp_sock *s, const uint8_t *buf, size_t len, uin
         return -EPIPE;
     }
     s->stats.src_avail_sent++;
+    uint64_t started_us = rs_sdp_now_us();
     bool cancelled = false;
     uint32_t last_acked = 0;
     uint64_t idle_from = s->zsrc.posted_ms;
@@ -464,6 +541,8 @@ ssize_t rs_sdp_z_send(struct rs_sdp_sock *s, const uint8_t *buf, size_t len, uin
     rs_sdp_reg_put(s->dev->cache, reg);
     s->stats.zcopy_src_bytes += acked;
     adapt(s, !cancelled && !send_sm_seen);
+    /* What a fallback cost counts against zero copy: the bytes that moved over the whole wait. */
+    rs_sdp_z_record(s, len, true, acked, rs_sdp_now_us() - started_us);
     if (s->broken)
         return acked > 0 ? (ssize_t)acked : rs_sdp_take_error(s, -EPIPE);
     if (*interrupted && acked == 0)
@@ -485,7 +564,7 @@ ssize_t rs_sdp_z_read_src(struct rs_sdp_sock *s, uint8_t *buf, size_t len, bool 
         send_sm(s);
         return 0;
     }
-    uint32_t n = len < left ? (uint32_t)len : left;
+    uint32_t n = rdma_cap(s, len < left ? len : left);
     struct sdp_reg *reg;
     bool hit;
     if (rs_sdp_reg_get(s->dev->cache, buf, n, RS_ACCESS_LOCAL_WRITE, &reg, &hit) != 0) {
@@ -563,6 +642,10 @@ ssize_t rs_sdp_z_sink_recv(struct rs_sdp_sock *s, uint8_t *buf, size_t len, uint
         len = UINT32_MAX / 2;
     if (!rs_sdp_can_send_data(s) || s->rxq_count > 0 || s->psrc.active || s->rx_eof || s->late_cancel_acks)
         return 0;
+    if (s->zcopy_adaptive && s->sink_skip > 0) {
+        s->sink_skip--;
+        return 0;
+    }
     struct sdp_reg *reg;
     bool hit;
     if (rs_sdp_reg_get(s->dev->cache, buf, len, RS_ACCESS_LOCAL_WRITE | RS_ACCESS_REMOTE_WRITE, &reg, &hit) != 0)
@@ -618,10 +701,19 @@ ssize_t rs_sdp_z_sink_recv(struct rs_sdp_sock *s, uint8_t *buf, size_t len, uint
     rs_sdp_reg_put(s->dev->cache, reg);
     if (s->broken && !s->sink.retired)
         return rs_sdp_take_error(s, 0);
+    /* A sink pays off when the sender fills most of it; one that crosses data or comes back mostly empty
+     * turned a stream into a round trip per write. Back off exponentially (up to 1024 receives), reset on a
+     * good one. */
+    bool good = !dead && written >= s->sink.len / 2;
+    if (good) {
+        s->sink_backoff = 0;
+    } else if (dead || written) {
+        if (s->sink_backoff < 10)
+            s->sink_backoff++;
+        s->sink_skip = 1u << s->sink_backoff;
+    }
     if (dead)
         adapt(s, false);
-    else if (written)
-        adapt(s, written >= rs_sdp_zthresh(s) / 4);
     if (written) {
         s->stats.zcopy_written_bytes += written;
         s->stats.bytes_received += written;

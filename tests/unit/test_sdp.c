@@ -892,6 +892,8 @@ static pid_t spawn_peer(struct rs_sdp_sock *l, const struct sockaddr_in *addr, b
         _exit(0);
     }
     close(pipefd[1]);
+    struct timeval tv = { 10, 0 };
+    assert_int_equal(rs_sdp_setsockopt(l, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)), 0);
     assert_int_equal(rs_sdp_accept(l, 0, a, NULL, NULL), 0);
     char c;
     assert_true(wait_readable(pipefd[0], WAIT_MS) > 0);
@@ -903,6 +905,10 @@ static pid_t spawn_peer(struct rs_sdp_sock *l, const struct sockaddr_in *addr, b
 static void test_keepalive_stopped_peer(void **state)
 {
     (void)state;
+    /* A hardware RNIC answers the keepalive READ without the (stopped) process: there keepalive detects dead
+     * hosts and links, which a single VM cannot simulate. */
+    if (sdp_kind() == RS_RNIC_KIND_VERBS)
+        skip();
     struct sockaddr_in addr;
     struct rs_sdp_sock *l = sdp_listener(&addr), *a;
     pid_t pid = spawn_peer(l, &addr, false, &a);
@@ -1048,7 +1054,10 @@ int main(void)
         cmocka_unit_test(test_peer_killed_mid_transfer),
         cmocka_unit_test(test_fork_inherited_socket),
     };
+    /* SDP_TEST_FILTER / SDP_TEST_SKIP: glob patterns on test names, to run a subset by hand */
     if (getenv("SDP_TEST_FILTER"))
         cmocka_set_test_filter(getenv("SDP_TEST_FILTER"));
+    if (getenv("SDP_TEST_SKIP"))
+        cmocka_set_skip_filter(getenv("SDP_TEST_SKIP"));
     return cmocka_run_group_tests_name("sdp", tests, NULL, NULL);
 }

@@ -252,7 +252,10 @@ int main(void)
         cmocka_unit_test(test_bidirectional_bcopy),
         cmocka_unit_test(test_bidirectional_small_rings),
     };
+    /* SDP_TEST_FILTER / SDP_TEST_SKIP: glob patterns on test names, to run a subset by hand */
     if (getenv("SDP_TEST_FILTER"))
         cmocka_set_test_filter(getenv("SDP_TEST_FILTER"));
+    if (getenv("SDP_TEST_SKIP"))
+        cmocka_set_skip_filter(getenv("SDP_TEST_SKIP"));
     return cmocka_run_group_tests_name("sdp_stress", tests, setup_table, teardown_table);
 }
