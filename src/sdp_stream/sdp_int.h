@@ -291,6 +291,9 @@ unsigned rs_sdp_mask_locked(struct rs_sdp_sock *s);
 /* Sleeps until signalled, the deadline (0: none) or a signal; lock held on entry and return.
  * Returns 0, -ETIMEDOUT or -EINTR. */
 int rs_sdp_wait(struct rs_sdp_sock *s, uint64_t deadline_ms);
+/* What a blocking send/recv does when it cannot progress: -EAGAIN at once with MSG_DONTWAIT, otherwise waits
+ * (0: woken, try again; -EAGAIN: SO_RCVTIMEO/SO_SNDTIMEO expired, as Linux reports it; -EINTR). Lock held. */
+int rs_sdp_wait_io(struct rs_sdp_sock *s, bool dontwait, uint64_t deadline_ms);
 /* Same, but not interruptible by signals (for waits the protocol must finish). */
 int rs_sdp_wait_uninterruptible(struct rs_sdp_sock *s, uint64_t deadline_ms);
 int rs_sdp_check_epoch(const struct rs_sdp_sock *s);

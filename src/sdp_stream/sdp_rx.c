@@ -324,13 +324,9 @@ ssize_t rs_sdp_recvmsg(struct rs_sdp_sock *s, const struct iovec *iov, int iovcn
             break;
         if (!own) {
             if (s->rx_busy) {
-                if (dontwait) {
-                    result = -EAGAIN;
-                    break;
-                }
-                r = rs_sdp_wait(s, deadline);
+                r = rs_sdp_wait_io(s, dontwait, deadline);
                 if (r != 0) {
-                    result = r == -ETIMEDOUT ? -EAGAIN : r;
+                    result = r;
                     break;
                 }
                 continue;

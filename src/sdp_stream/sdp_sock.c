@@ -313,6 +313,14 @@ int rs_sdp_wait(struct rs_sdp_sock *s, uint64_t deadline_ms)
     return wait_common(s, deadline_ms, true);
 }
 
+int rs_sdp_wait_io(struct rs_sdp_sock *s, bool dontwait, uint64_t deadline_ms)
+{
+    if (dontwait)
+        return -EAGAIN;
+    int r = rs_sdp_wait(s, deadline_ms);
+    return r == -ETIMEDOUT ? -EAGAIN : r;
+}
+
 int rs_sdp_wait_uninterruptible(struct rs_sdp_sock *s, uint64_t deadline_ms)
 {
     return wait_common(s, deadline_ms, false);

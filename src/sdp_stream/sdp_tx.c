@@ -367,13 +367,9 @@ ssize_t rs_sdp_sendmsg(struct rs_sdp_sock *s, const struct iovec *iov, int iovcn
             break;
         }
         if (s->state == SDP_ST_CONNECTING || s->state == SDP_ST_ACCEPTING || s->tx_busy) {
-            if (dontwait) {
-                result = -EAGAIN;
-                break;
-            }
-            r = rs_sdp_wait(s, deadline);
+            r = rs_sdp_wait_io(s, dontwait, deadline);
             if (r != 0) {
-                result = r == -ETIMEDOUT ? -EAGAIN : r;
+                result = r;
                 break;
             }
             continue;
@@ -421,15 +417,10 @@ ssize_t rs_sdp_sendmsg(struct rs_sdp_sock *s, const struct iovec *iov, int iovcn
         uint32_t space = s->sbuf_size - (uint32_t)(s->tx_tail - s->tx_done);
         if (space == 0) {
             rs_sdp_tx_push(s, false);
-            if (dontwait) {
-                if (sent == 0)
-                    result = -EAGAIN;
-                break;
-            }
-            r = rs_sdp_wait(s, deadline);
+            r = rs_sdp_wait_io(s, dontwait, deadline);
             if (r != 0) {
                 if (sent == 0)
-                    result = r == -ETIMEDOUT ? -EAGAIN : r;
+                    result = r;
                 break;
             }
             continue;
