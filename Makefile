@@ -29,6 +29,11 @@ TEST_LDLIBS := -lcmocka $(LIB_LDLIBS)
 
 SRCS        := $(sort $(shell find src -name '*.c'))
 OBJS        := $(SRCS:%.c=$(BUILD)/obj/%.o)
+# Interposers: the files of src/intercept that export libc's names (RS_EXPORT). They belong in the preloaded
+# librdmasock.so only; the static library (for the CLI, tests, benches) and the fuzzers must keep the real libc.
+INTERPOSE_SRCS := $(sort $(shell grep -l '^RS_EXPORT' src/intercept/*.c))
+INTERPOSE_OBJS := $(INTERPOSE_SRCS:%.c=$(BUILD)/obj/%.o)
+ARCHIVE_OBJS := $(filter-out $(INTERPOSE_OBJS),$(OBJS))
 HEADERS     := $(sort $(shell find src include -name '*.h'))
 TEST_HEADERS := $(sort $(wildcard tests/unit/*.h))
 LIB_SO      := $(BUILD)/librdmasock.so
@@ -45,7 +50,7 @@ BENCH_SRCS  := $(sort $(wildcard bench/*.c))
 BENCH_BINS  := $(BENCH_SRCS:bench/%.c=$(BUILD)/bench/%)
 FUZZ_SRCS   := $(sort $(wildcard tests/fuzz/fuzz_*.c))
 FUZZ_BINS   := $(FUZZ_SRCS:tests/fuzz/%.c=$(BUILD)/fuzz/%)
-FUZZ_OBJS   := $(SRCS:%.c=$(BUILD)/fuzz-obj/%.o)
+FUZZ_OBJS   := $(filter-out $(INTERPOSE_SRCS:%.c=$(BUILD)/fuzz-obj/%.o),$(SRCS:%.c=$(BUILD)/fuzz-obj/%.o))
 FUZZ_FLAGS  := -g -O1 -fno-omit-frame-pointer -fsanitize=fuzzer-no-link,address,undefined \
                -fno-sanitize-recover=undefined -std=gnu11 -pthread
 
@@ -61,7 +66,7 @@ $(BUILD)/obj/%.o: %.c $(HEADERS)
 $(LIB_SO): $(OBJS)
 	$(CC) -shared -pthread -Wl,-soname,librdmasock.so.$(SOVERSION) -Wl,--no-undefined -o $@ $^ $(LIB_LDLIBS)
 
-$(LIB_A): $(OBJS)
+$(LIB_A): $(ARCHIVE_OBJS)
 	@rm -f $@
 	ar rcs $@ $^
 
@@ -73,9 +78,10 @@ $(PERF): $(PERF_SRCS) $(LIB_A) $(HEADERS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(CFLAGS) -o $@ $(PERF_SRCS) $(LIB_A) $(LIB_LDLIBS)
 
-$(BUILD)/tests/unit/%: tests/unit/%.c $(LIB_A) $(HEADERS) $(TEST_HEADERS)
+# Unit tests of the interposers themselves (test_intercept_*) link them in front of the static library.
+$(BUILD)/tests/unit/%: tests/unit/%.c $(LIB_A) $(INTERPOSE_OBJS) $(HEADERS) $(TEST_HEADERS)
 	@mkdir -p $(dir $@)
-	$(CC) $(CPPFLAGS) $(CFLAGS) -o $@ $< $(LIB_A) $(TEST_LDLIBS)
+	$(CC) $(CPPFLAGS) $(CFLAGS) -o $@ $< $(if $(filter test_intercept_%,$*),$(INTERPOSE_OBJS)) $(LIB_A) $(TEST_LDLIBS)
 
 $(BUILD)/tests/helpers/%: tests/helpers/%.c $(LIB_A) $(HEADERS)
 	@mkdir -p $(dir $@)

@@ -368,7 +368,10 @@ ssize_t rs_sdp_z_send(struct rs_sdp_sock *s, const uint8_t *buf, size_t len, uin
 /* Receiver: consume the SrcAvail at the queue head into buf; returns bytes placed or a negative errno. */
 ssize_t rs_sdp_z_read_src(struct rs_sdp_sock *s, uint8_t *buf, size_t len, bool peek);
 /* Receiver: advertise buf as a sink and wait; returns bytes written by the peer, 0 when the sink ended without
- * data (the caller continues with the queue), or a negative errno. */
+ * data, -EAGAIN when no sink was offered (nothing ran: the socket is as the caller last saw it), or another
+ * negative errno. After 0 the caller must look at the socket again before it sleeps: the sink's wait ran the
+ * protocol on this thread (data, the peer's DisConn, a reset may have arrived), and the wake-up those raised
+ * went to the waiters of that moment, not to a sleep that starts afterwards. */
 ssize_t rs_sdp_z_sink_recv(struct rs_sdp_sock *s, uint8_t *buf, size_t len, uint64_t deadline, bool *interrupted);
 void rs_sdp_z_fail(struct rs_sdp_sock *s);
 /* Adaptivity: should a blocking write of len bytes be lent (SrcAvail) rather than copied? And the measured

@@ -342,6 +342,7 @@ ssize_t rs_sdp_recvmsg(struct rs_sdp_sock *s, const struct iovec *iov, int iovcn
                 vo = 0;
                 copied = 0;
             }
+            uint32_t head_before = s->rxq_head, count_before = s->rxq_count;
             ssize_t n = copy_out(s, iov, iovcnt, &vi, &vo, total - copied, flags);
             if (n < 0) {
                 if (copied == 0)
@@ -351,8 +352,10 @@ ssize_t rs_sdp_recvmsg(struct rs_sdp_sock *s, const struct iovec *iov, int iovcn
             copied += (size_t)n;
             if (n > 0)
                 s->dirty = true;
-            else
+            else if (s->rxq_head == head_before && s->rxq_count == count_before)
                 stuck = true;       /* e.g. a SrcAvail turned into Data messages that are still on the way */
+            /* (A head entry dropped without bytes, a SrcAvail given up, is no reason to sleep: what queued
+             * behind it is readable now and raises no further wake-up.) */
         }
         if (copied >= target)
             break;
@@ -384,20 +387,27 @@ ssize_t rs_sdp_recvmsg(struct rs_sdp_sock *s, const struct iovec *iov, int iovcn
             if (zt && dst && plen >= zt) {
                 bool interrupted = false;
                 ssize_t z = rs_sdp_z_sink_recv(s, dst, plen, deadline, &interrupted);
-                if (z > 0) {
-                    copied += (size_t)z;
-                    vo += (size_t)z;
-                    s->dirty = true;
-                    if (copied >= target)
+                /* -EAGAIN: no sink could be offered now (no credit to send it, backoff, ...) and nothing ran
+                 * since the checks above, so sleeping below is safe; looping instead would spin with the lock
+                 * held. Anything else: the sink's wait ran the protocol on this thread, so what it brought
+                 * (the data that crossed the sink, the peer's DisConn) signalled nobody we could hear; look at
+                 * the socket again before sleeping, or that wake-up is lost for good. */
+                if (z != -EAGAIN) {
+                    if (z > 0) {
+                        copied += (size_t)z;
+                        vo += (size_t)z;
+                        s->dirty = true;
+                        if (copied >= target)
+                            break;
+                    }
+                    if (z < 0 && copied == 0) {
+                        result = z == -ETIMEDOUT ? -EAGAIN : z;
                         break;
+                    }
+                    if (interrupted || z < 0)
+                        break;
+                    continue;
                 }
-                if (z < 0 && copied == 0) {
-                    result = z == -ETIMEDOUT ? -EAGAIN : z;
-                    break;
-                }
-                if (interrupted || z < 0)
-                    break;
-                continue;
             }
         }
         r = rs_sdp_wait(s, deadline);

@@ -298,10 +298,15 @@ static int wait_common(struct rs_sdp_sock *s, uint64_t deadline_ms, bool interru
     }
     efd_drain(fd);
     if (nfds == 2 && (pfd[1].revents & POLLIN) && s->cq) {
-        /* Woken by the CQ itself: take the notification so the fd stops being readable (the progress thread
-         * does the same; both run under this lock). */
+        /* Woken by the CQ itself: take the notification over from the progress thread (left readable, every
+         * later wait would return at once and a blocked caller would spin), and with it the progress thread's
+         * duty, exactly as rs_sdp_on_cq does it: ack, re-arm, then poll. The completions that made the fd
+         * readable are already queued and re-arming never fires for them, so if this thread did not poll now
+         * they would wait for some unrelated later completion, and a DisConn or the last data with them. Today's
+         * callers all loop through progress, but that rule is kept here rather than in every caller. */
         rs_rnic_cq_ack_events(s->cq);
         rs_rnic_cq_arm(s->cq, false);
+        rs_sdp_progress(s);
     }
     if (result == -ETIMEDOUT && deadline_ms && rs_sdp_now_ms() < deadline_ms)
         result = 0;

@@ -641,15 +641,15 @@ ssize_t rs_sdp_z_sink_recv(struct rs_sdp_sock *s, uint8_t *buf, size_t len, uint
     if (len > UINT32_MAX / 2)
         len = UINT32_MAX / 2;
     if (!rs_sdp_can_send_data(s) || s->rxq_count > 0 || s->psrc.active || s->rx_eof || s->late_cancel_acks)
-        return 0;
+        return -EAGAIN;
     if (s->zcopy_adaptive && s->sink_skip > 0) {
         s->sink_skip--;
-        return 0;
+        return -EAGAIN;
     }
     struct sdp_reg *reg;
     bool hit;
     if (rs_sdp_reg_get(s->dev->cache, buf, len, RS_ACCESS_LOCAL_WRITE | RS_ACCESS_REMOTE_WRITE, &reg, &hit) != 0)
-        return 0;
+        return -EAGAIN;
     hit ? s->stats.regcache_hits++ : s->stats.regcache_misses++;
     memset(&s->sink, 0, sizeof(s->sink));
     s->sink.active = true;

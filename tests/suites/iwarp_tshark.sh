@@ -7,6 +7,10 @@
 # Request and Reply but still decodes every FPDU. So the main capture runs the demo with MPA rev 1
 # (RDMASOCK_SOFT_MPA_REV=1, via --mpa-rev 1) and must decode without a single iWARP expert note; a second capture
 # with the default rev 2 checks that only those two known warnings appear and the FPDUs decode just the same.
+#
+# The soft RNIC's RDMA port P is TCP port P + 16384 (RDMASOCK_SOFT_PORT_OFFSET, unset here so the default is what
+# runs), and its listener greets first with 16 bytes (docs/wire-formats.md §5) that are not MPA: tshark must still
+# find the MPA Request and Reply and every FPDU behind them.
 source "$RS_TOP/tests/lib/tap.sh"
 demo=$RS_BUILD/tests/helpers/rnic_rc_demo
 scratch=$(mktemp -d)
@@ -21,13 +25,18 @@ command -v tcpdump >/dev/null || skip_all "tcpdump not installed"
 
 TS=(tshark -o tcp.try_heuristic_first:TRUE --disable-heuristic rpcrdma_iwarp)
 
-# capture NAME DEMO_ARGS...: runs the demo under tcpdump on lo; sets port; leaves $scratch/NAME.{pcap,out}.
+unset RDMASOCK_SOFT_PORT_OFFSET
+port_offset=16384
+
+# capture NAME DEMO_ARGS...: runs the demo under tcpdump on lo; sets port (the TCP port of the demo's RDMA
+# listener); leaves $scratch/NAME.{pcap,out}.
 capture() {
   local name=$1; shift
   # Only the demo's port, with a large buffer: other programs' loopback traffic (benchmarks, other suites) must not
   # crowd the demo's frames out of the capture buffer.
   local want_port=$(( 20000 + RANDOM % 20000 ))
-  tcpdump -i lo -U --immediate-mode -B 32768 -s 0 -w "$scratch/$name.pcap" "tcp port $want_port" \
+  local tcp_port=$(( (want_port + port_offset) % 65536 ))
+  tcpdump -i lo -U --immediate-mode -B 32768 -s 0 -w "$scratch/$name.pcap" "tcp port $tcp_port" \
     2>"$scratch/$name.tcpdump" &
   capture_pid=$!
   for _ in $(seq 100); do grep -q listening "$scratch/$name.tcpdump" && break; sleep 0.05; done
@@ -39,7 +48,9 @@ capture() {
   local rc=$?
   sleep 0.3
   kill -INT "$capture_pid"; wait "$capture_pid" 2>/dev/null; capture_pid=
-  port=$(sed -n 's/^listening on 127\.0\.0\.1:\([0-9]*\)$/\1/p' "$scratch/$name.out")
+  rdma_port=$(sed -n 's/^listening on 127\.0\.0\.1:\([0-9]*\)$/\1/p' "$scratch/$name.out")
+  port=$tcp_port
+  [ "$rdma_port" = "$want_port" ] || return 3
   return $rc
 }
 
@@ -54,18 +65,18 @@ fields() {
 
 count_frames() { "${TS[@]}" -r "$scratch/$1.pcap" -Y "tcp.port == $port && ($2)" 2>/dev/null | wc -l; }
 
-tap_plan 16
+tap_plan 17
 
 # ---- MPA rev 1: must decode cleanly ----
 capture rev1 --mpa-rev 1
 rc=$?
 if [ $rc -eq 2 ]; then
   # Not allowed to capture here (no CAP_NET_RAW): every check depends on the capture.
-  for i in $(seq 16); do tap_skip "iWARP capture check $i" "tcpdump cannot capture on lo: $(head -n 1 "$scratch/rev1.tcpdump")"; done
+  for i in $(seq 17); do tap_skip "iWARP capture check $i" "tcpdump cannot capture on lo: $(head -n 1 "$scratch/rev1.tcpdump")"; done
   exit 0
 fi
 if [ $rc -eq 0 ] && grep -q '^demo ok$' "$scratch/rev1.out"; then
-  tap_ok "rnic_rc_demo (MPA rev 1) ran every operation as expected (port $port)"
+  tap_ok "rnic_rc_demo (MPA rev 1) ran every operation as expected (RDMA port $rdma_port = TCP port $port)"
 else
   tap_fail "rnic_rc_demo (MPA rev 1) ran every operation as expected" "$(grep -v '^ok:' "$scratch/rev1.out")"
 fi
@@ -87,6 +98,18 @@ if [ "$n" -eq 1 ] && [ "$got_pd" = "$want_pd" ]; then
   tap_ok "MPA Reply recognised: accepted, no markers, private data intact"
 else
   tap_fail "MPA Reply recognised: accepted, no markers, private data intact" "frames: $n" "private data: $got_pd"
+fi
+
+# The listener greets first (16 bytes, docs/wire-formats.md §5); the initiator's first bytes are the MPA Request.
+greeting=$(printf 'RDMASOCK SOFTRC\001' | od -An -tx1 | tr -d ' \n')
+mpa_req=$(printf 'MPA ID Req Frame' | od -An -tx1 | tr -d ' \n')
+first=$("${TS[@]}" -r "$scratch/rev1.pcap" -Y "tcp.port == $port && tcp.len > 0" -T fields -e tcp.srcport \
+          -e tcp.payload 2>/dev/null | head -n 2)
+{ IFS=$'\t' read -r src1 data1; IFS=$'\t' read -r src2 data2; } <<<"$first"
+if [ "$src1" = "$port" ] && [ "$data1" = "$greeting" ] && [ "$src2" != "$port" ] && [[ $data2 == "$mpa_req"* ]]; then
+  tap_ok "listener greeting ($greeting) is the first payload, before the MPA Request"
+else
+  tap_fail "listener greeting is the first payload, before the MPA Request" "first payloads:" "$first"
 fi
 
 # Every FPDU's CRC: tshark prints "(Good CRC32)" or "(Bad CRC32, should be ...)" for each one it checks.

@@ -4,7 +4,9 @@
  * device's IP address, in a VM). Every test uses real connections; nothing is mocked.
  *
  * What is checked: connection setup with private data both ways, rejection with private data, connecting to a
- * closed port and to a peer that never answers, SEND/RECV from 1 byte to 16 MiB with data and order checks, RDMA
+ * closed port and to a peer that never answers, the soft RNIC's own port space and listener greeting (a kernel
+ * program on the mapped TCP port never receives a byte), SO_REUSEPORT listeners, CLOEXEC sockets,
+ * SEND/RECV from 1 byte to 16 MiB with data and order checks, RDMA
  * WRITE and READ with guard canaries around every buffer, SEND_WITH_INVALIDATE followed by a refused WRITE,
  * protection errors (both QPs in ERROR, outstanding work flushed, nothing written outside the region), orderly
  * disconnect, a peer process killed, CQ overflow, many READs in flight, and a READ response interleaved with
@@ -24,7 +26,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <dirent.h>
+#include <fcntl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -58,6 +63,58 @@ static struct sockaddr_in local_sockaddr(uint16_t port)
     sin.sin_port = htons(port);
     assert_int_equal(inet_pton(AF_INET, rnic_addr(), &sin.sin_addr), 1);
     return sin;
+}
+
+/*
+ * The soft RNIC's port space (docs/rnic-rc.md): RDMA port P is TCP port (P + offset) mod 65536, the offset from
+ * RDMASOCK_SOFT_PORT_OFFSET (decimal 0..65535, default 16384, anything else: the default). Mirrored here rather
+ * than asked of the library, so the tests check the documented rule.
+ */
+static uint16_t soft_port_offset(void)
+{
+    const char *v = getenv("RDMASOCK_SOFT_PORT_OFFSET");
+    if (v && *v >= '0' && *v <= '9') {
+        char *end;
+        unsigned long n = strtoul(v, &end, 10);
+        if (*end == '\0' && n <= 65535)
+            return (uint16_t)n;
+    }
+    return 16384;
+}
+
+static uint16_t tcp_port_of(uint16_t rdma_port) { return (uint16_t)(rdma_port + soft_port_offset()); }
+static uint16_t rdma_port_of(uint16_t tcp_port) { return (uint16_t)(tcp_port - soft_port_offset()); }
+static uint16_t sin_port(const void *sa) { return ntohs(((const struct sockaddr_in *)sa)->sin_port); }
+
+/* A plain kernel TCP listener on port (0: any); *port_out gets its TCP port. */
+static int kernel_listener(uint16_t port, uint16_t *port_out)
+{
+    int s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    assert_true(s >= 0);
+    struct sockaddr_in sin = local_sockaddr(port);
+    if (bind(s, (struct sockaddr *)&sin, sizeof(sin)) != 0 || listen(s, 8) != 0) {
+        close(s);
+        return -1;
+    }
+    socklen_t len = sizeof(sin);
+    assert_int_equal(getsockname(s, (struct sockaddr *)&sin, &len), 0);
+    *port_out = ntohs(sin.sin_port);
+    return s;
+}
+
+/* A kernel TCP listener on the TCP port of some RDMA port: a program that is not an RDMA peer but happens to sit
+ * where the soft RNIC's connection goes. Returns its fd; *rdma_port is the RDMA port that leads there. */
+static int stranger_listener(uint16_t *rdma_port)
+{
+    for (;;) {
+        uint16_t tcp;
+        int s = kernel_listener(0, &tcp);
+        assert_true(s >= 0);
+        *rdma_port = rdma_port_of(tcp);
+        if (*rdma_port != 0)
+            return s;
+        close(s);       /* the one TCP port that is RDMA port 0: nobody can connect there */
+    }
 }
 
 /* ---- buffers with guard canaries ---- */
@@ -356,17 +413,23 @@ static void test_reject_private_data(void **state)
     destroy_side(&again);
 }
 
-/* A TCP port with nobody listening. */
+/* An RDMA port with nobody listening (on the soft RNIC: one whose TCP port was just free). */
 static uint16_t closed_port(void)
 {
-    int s = socket(AF_INET, SOCK_STREAM, 0);
-    assert_true(s >= 0);
-    struct sockaddr_in sin = local_sockaddr(0);
-    assert_int_equal(bind(s, (struct sockaddr *)&sin, sizeof(sin)), 0);
-    socklen_t len = sizeof(sin);
-    assert_int_equal(getsockname(s, (struct sockaddr *)&sin, &len), 0);
-    close(s);
-    return ntohs(sin.sin_port);
+    for (;;) {
+        int s = socket(AF_INET, SOCK_STREAM, 0);
+        assert_true(s >= 0);
+        struct sockaddr_in sin = local_sockaddr(0);
+        assert_int_equal(bind(s, (struct sockaddr *)&sin, sizeof(sin)), 0);
+        socklen_t len = sizeof(sin);
+        assert_int_equal(getsockname(s, (struct sockaddr *)&sin, &len), 0);
+        close(s);
+        uint16_t port = ntohs(sin.sin_port);
+        if (rnic_kind() != RS_RNIC_KIND_SOFT)
+            return port;
+        if (rdma_port_of(port) != 0)
+            return rdma_port_of(port);
+    }
 }
 
 static void test_connect_closed_port(void **state)
@@ -377,14 +440,41 @@ static void test_connect_closed_port(void **state)
     assert_int_equal(rs_rnic_connect(f->a.qp, f->a.cm, (struct sockaddr *)&dst, sizeof(dst), NULL, 0, WAIT_MS), 0);
     struct rs_rnic_cm_event ev;
     assert_int_equal(get_event(f->a.cm, WAIT_MS, &ev), 0);
-    assert_true(ev.type == RS_RNIC_CM_EV_REJECTED || ev.type == RS_RNIC_CM_EV_UNREACHABLE);
+    uint64_t took = now_ms() - t0;
     assert_ptr_equal(ev.qp, f->a.qp);
-    assert_true(now_ms() - t0 < 2000);
+    if (rnic_kind() == RS_RNIC_KIND_SOFT) {
+        /* Refused by TCP at once: what rdma_cm reports for iWARP too, and what lets a caller fall back quickly. */
+        assert_int_equal(ev.type, RS_RNIC_CM_EV_REJECTED);
+        assert_int_equal(ev.error, -ECONNREFUSED);
+        assert_int_equal(sin_port(&ev.peer), ntohs(dst.sin_port));
+        assert_true(took < 100);
+        return;
+    }
+    assert_true(ev.type == RS_RNIC_CM_EV_REJECTED || ev.type == RS_RNIC_CM_EV_UNREACHABLE);
+    assert_true(took < 2000);
 }
 
 static void test_connect_timeout(void **state)
 {
     struct fixture *f = *state;
+    if (rnic_kind() == RS_RNIC_KIND_SOFT) {
+        /* A soft RNIC listener whose application never answers the request: the Reply never comes. (A kernel
+         * listener that says nothing is not an RDMA peer at all: test_connect_not_rdma_peer, UNREACHABLE.) */
+        uint64_t t0 = now_ms();
+        assert_int_equal(rs_rnic_connect(f->a.qp, f->a.cm, (struct sockaddr *)&f->listen_addr,
+                                         sizeof(struct sockaddr_in), NULL, 0, 300),
+                         0);
+        assert_true(now_ms() - t0 < 200);
+        struct rs_rnic_cm_event req, ev;
+        expect_event(f->p.cm, RS_RNIC_CM_EV_CONNECT_REQUEST, &req);
+        assert_int_equal(get_event(f->a.cm, WAIT_MS, &ev), 0);
+        uint64_t took = now_ms() - t0;
+        assert_int_equal(ev.type, RS_RNIC_CM_EV_TIMEOUT);
+        assert_int_equal(ev.error, -ETIMEDOUT);
+        assert_true(took >= 250 && took < 2000);
+        assert_int_equal(rs_rnic_reject(req.request, NULL, 0), 0);
+        return;
+    }
     /* A kernel TCP listener that completes the handshake but never says a word. */
     int s = socket(AF_INET, SOCK_STREAM, 0);
     assert_true(s >= 0);
@@ -401,7 +491,7 @@ static void test_connect_timeout(void **state)
     assert_int_equal(get_event(f->a.cm, WAIT_MS, &ev), 0);
     uint64_t took = now_ms() - t0;
     close(s);
-    if (rnic_kind() == RS_RNIC_KIND_VERBS && ev.type != RS_RNIC_CM_EV_TIMEOUT) {
+    if (ev.type != RS_RNIC_CM_EV_TIMEOUT) {
         /* InfiniBand/RoCE connection managers never reach a kernel TCP port: no RDMA listener, refused at once. */
         assert_true(ev.type == RS_RNIC_CM_EV_REJECTED || ev.type == RS_RNIC_CM_EV_UNREACHABLE);
         return;
@@ -411,45 +501,320 @@ static void test_connect_timeout(void **state)
     assert_true(took >= 250 && took < 2000);
 }
 
-/* A kernel TCP server that answers anything with an HTTP error: not an RDMA peer. */
-static void *http_server(void *arg)
+/*
+ * A kernel TCP server that is not an RDMA peer, on the TCP port an RDMA connect leads to. It accepts one
+ * connection, behaves as told, then reads until EOF and records what it received: the soft RNIC must never send
+ * such a program a byte, and must close with a FIN (EOF), not a reset.
+ */
+enum stranger_mode {
+    STRANGER_HTTP,          /* waits for a request (silent), would answer with an HTTP error */
+    STRANGER_BANNER,        /* speaks first, like an SMTP or SSH server */
+    STRANGER_BAD_VERSION,   /* our greeting with another version byte */
+    STRANGER_CLOSE,         /* closes at once (EOF before any greeting) */
+    STRANGER_RESET,         /* resets at once */
+};
+
+struct stranger {
+    int listen_fd;
+    enum stranger_mode mode;
+    size_t received;        /* bytes it read from us */
+    bool eof;               /* its read ended with EOF (not an error, not its timeout) */
+    bool accepted;
+};
+
+static void *stranger_server(void *arg)
 {
-    int s = *(int *)arg;
-    int c = accept(s, NULL, NULL);
-    if (c >= 0) {
-        char buf[256];
-        static const char reply[] = "HTTP/1.0 400 Bad Request\r\nContent-Length: 0\r\n\r\n";
-        if (read(c, buf, sizeof(buf)) > 0 && write(c, reply, sizeof(reply) - 1) < 0)
-            perror("http_server");
+    struct stranger *st = arg;
+    int c = accept(st->listen_fd, NULL, NULL);
+    if (c < 0)
+        return NULL;
+    st->accepted = true;
+    static const char banner[] = "220 mail.example.org ESMTP ready\r\n";
+    static const char not_ours[] = "RDMASOCK SOFTRC\x02";
+    switch (st->mode) {
+    case STRANGER_BANNER:
+        if (write(c, banner, sizeof(banner) - 1) < 0)
+            perror("stranger banner");
+        break;
+    case STRANGER_BAD_VERSION:
+        if (write(c, not_ours, 16) < 0)
+            perror("stranger greeting");
+        break;
+    case STRANGER_CLOSE:
         close(c);
+        return NULL;
+    case STRANGER_RESET: {
+        struct linger lg = { 1, 0 };
+        setsockopt(c, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
+        close(c);
+        return NULL;
     }
+    default:
+        break;
+    }
+    char buf[256];
+    for (;;) {
+        if (wait_fd(c, WAIT_MS) <= 0)
+            break;
+        ssize_t r = read(c, buf, sizeof(buf));
+        if (r <= 0) {
+            st->eof = r == 0;
+            break;
+        }
+        st->received += (size_t)r;
+        static const char reply[] = "HTTP/1.0 400 Bad Request\r\nContent-Length: 0\r\n\r\n";
+        if (st->mode == STRANGER_HTTP && write(c, reply, sizeof(reply) - 1) < 0)
+            perror("stranger http");
+    }
+    close(c);
     return NULL;
+}
+
+/* Connects to a stranger in mode; checks the UNREACHABLE event and returns how long it took. */
+static uint64_t connect_to_stranger(struct fixture *f, struct side *s, enum stranger_mode mode, uint32_t timeout_ms)
+{
+    uint16_t rdma_port;
+    struct stranger st = { .mode = mode };
+    st.listen_fd = stranger_listener(&rdma_port);
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, stranger_server, &st), 0);
+    struct sockaddr_in dst = local_sockaddr(rdma_port);
+    uint64_t t0 = now_ms();
+    assert_int_equal(rs_rnic_connect(s->qp, s->cm, (struct sockaddr *)&dst, sizeof(dst), "hi", 2, timeout_ms), 0);
+    struct rs_rnic_cm_event ev;
+    assert_int_equal(get_event(s->cm, WAIT_MS, &ev), 0);
+    uint64_t took = now_ms() - t0;
+    if (ev.type != RS_RNIC_CM_EV_UNREACHABLE || ev.error != -EHOSTUNREACH)
+        fail_msg("stranger mode %d: event %d error %d, expected UNREACHABLE -EHOSTUNREACH", (int)mode, (int)ev.type,
+                 ev.error);
+    assert_ptr_equal(ev.qp, s->qp);
+    assert_int_equal(sin_port(&ev.peer), rdma_port);
+    pthread_join(t, NULL);
+    close(st.listen_fd);
+    assert_true(st.accepted);
+    if (mode != STRANGER_CLOSE && mode != STRANGER_RESET) {
+        if (st.received != 0 || !st.eof)
+            fail_msg("stranger mode %d received %zu bytes, eof %d", (int)mode, st.received, (int)st.eof);
+    }
+    wait_qp_state(s->qp, RS_QPS_ERROR, WAIT_MS);
+    (void)f;
+    return took;
 }
 
 static void test_connect_not_rdma_peer(void **state)
 {
     struct fixture *f = *state;
-    /* rdma_cm never opens a kernel TCP connection: on verbs the HTTP server below would wait in accept(2)
-     * forever (test_connect_closed_port covers "nobody listens" there). */
+    /* rdma_cm never opens a kernel TCP connection: on verbs the server below would wait in accept(2) forever
+     * (test_connect_closed_port covers "nobody listens" there). */
     if (rnic_kind() != RS_RNIC_KIND_SOFT)
         skip();
-    int s = socket(AF_INET, SOCK_STREAM, 0);
-    assert_true(s >= 0);
-    struct sockaddr_in sin = local_sockaddr(0);
-    assert_int_equal(bind(s, (struct sockaddr *)&sin, sizeof(sin)), 0);
-    assert_int_equal(listen(s, 4), 0);
-    socklen_t len = sizeof(sin);
-    assert_int_equal(getsockname(s, (struct sockaddr *)&sin, &len), 0);
-    pthread_t t;
-    assert_int_equal(pthread_create(&t, NULL, http_server, &s), 0);
-    uint64_t t0 = now_ms();
-    assert_int_equal(rs_rnic_connect(f->a.qp, f->a.cm, (struct sockaddr *)&sin, sizeof(sin), NULL, 0, 2000), 0);
+    /* An HTTP server waits for a request: without the greeting we never send one, and give up after about 1 s
+     * (the greeting window), well before the 3 s connect timeout. */
+    uint64_t took = connect_to_stranger(f, &f->a, STRANGER_HTTP, 3000);
+    assert_true(took >= 900 && took < 1500);
+    /* A connect timeout shorter than the greeting window bounds it. */
+    struct side s;
+    create_side(f, &s, 16, 4);
+    took = connect_to_stranger(f, &s, STRANGER_HTTP, 300);
+    assert_true(took >= 250 && took < 900);
+    destroy_side(&s);
+}
+
+/* Strangers that answer: a banner, a greeting of another version, EOF, a reset. All end UNREACHABLE at once, and
+ * none received a byte. */
+static void test_stranger_never_gets_a_byte(void **state)
+{
+    struct fixture *f = *state;
+    if (rnic_kind() != RS_RNIC_KIND_SOFT)
+        skip();
+    static const enum stranger_mode modes[] = { STRANGER_BANNER, STRANGER_BAD_VERSION, STRANGER_CLOSE,
+                                                STRANGER_RESET };
+    for (size_t i = 0; i < sizeof(modes) / sizeof(modes[0]); i++) {
+        struct side s;
+        create_side(f, &s, 16, 4);
+        uint64_t took = connect_to_stranger(f, &s, modes[i], WAIT_MS);
+        if (took >= 500)
+            fail_msg("stranger mode %d: UNREACHABLE took %llu ms", (int)modes[i], (unsigned long long)took);
+        destroy_side(&s);
+    }
+    /* The listener of the fixture saw none of this. */
     struct rs_rnic_cm_event ev;
-    assert_int_equal(get_event(f->a.cm, WAIT_MS, &ev), 0);
-    assert_true(ev.type == RS_RNIC_CM_EV_UNREACHABLE || ev.type == RS_RNIC_CM_EV_REJECTED);
-    assert_true(now_ms() - t0 < 1500);      /* refused on the answer, not by the timeout */
-    pthread_join(t, NULL);
-    close(s);
+    assert_int_equal(get_event(f->p.cm, 50, &ev), -ETIMEDOUT);
+}
+
+/* ---- the soft RNIC's port space ---- */
+
+/* An RDMA listener on port P works while a kernel listener holds TCP port P: they are different port spaces. */
+static void test_port_space_coexists_with_kernel(void **state)
+{
+    struct fixture *f = *state;
+    /* Offset 0 puts RDMA ports on the TCP ports of the same number: no separate port space to test. */
+    if (rnic_kind() != RS_RNIC_KIND_SOFT || soft_port_offset() == 0)
+        skip();
+    int kfd = -1;
+    uint16_t port = 0;
+    struct rs_rnic_listener *l = NULL;
+    for (int tries = 0; tries < 20 && !l; tries++) {
+        kfd = kernel_listener(0, &port);
+        assert_true(kfd >= 0);
+        struct sockaddr_in sin = local_sockaddr(port);
+        int r = rs_rnic_listen(f->p.cm, (struct sockaddr *)&sin, sizeof(sin), 4, &l);
+        if (r != 0) {
+            /* P + offset taken by someone else, or the port with no TCP port: try another P. */
+            assert_true(r == -EADDRINUSE || r == -EADDRNOTAVAIL);
+            close(kfd);
+            l = NULL;
+        }
+    }
+    assert_non_null(l);
+    struct sockaddr_storage la;
+    assert_int_equal(rs_rnic_listener_addr(l, &la), 0);
+    assert_int_equal(sin_port(&la), port);
+    /* The kernel listener really holds TCP port P. */
+    uint16_t again;
+    assert_int_equal(kernel_listener(port, &again), -1);
+
+    struct sockaddr_in dst = local_sockaddr(port);
+    assert_int_equal(rs_rnic_connect(f->a.qp, f->a.cm, (struct sockaddr *)&dst, sizeof(dst), NULL, 0, WAIT_MS), 0);
+    struct rs_rnic_cm_event ev;
+    expect_event(f->p.cm, RS_RNIC_CM_EV_CONNECT_REQUEST, &ev);
+    assert_ptr_equal(ev.listener, l);
+    assert_int_equal(rs_rnic_accept(ev.request, f->p.qp, f->p.cm, NULL, 0), 0);
+    expect_event(f->a.cm, RS_RNIC_CM_EV_ESTABLISHED, &ev);
+    assert_int_equal(sin_port(&ev.peer), port);     /* the peer is named in the RDMA port space */
+    expect_event(f->p.cm, RS_RNIC_CM_EV_ESTABLISHED, NULL);
+    /* Nothing reached the kernel listener; a plain TCP client still does. */
+    assert_int_equal(wait_fd(kfd, 0), 0);
+    int c = socket(AF_INET, SOCK_STREAM, 0);
+    assert_true(c >= 0);
+    assert_int_equal(connect(c, (struct sockaddr *)&dst, sizeof(dst)), 0);
+    int a = accept(kfd, NULL, NULL);
+    assert_true(a >= 0);
+    close(a);
+    close(c);
+    close(kfd);
+    rs_rnic_listener_close(l);
+}
+
+/* Listen on port 0: the reported port is an RDMA port (its TCP port is P + offset) and connects; the listener
+ * greets a raw TCP client with the 16 bytes of docs/wire-formats.md §5. Ports without a TCP port are refused. */
+static void test_port_space_listen_any(void **state)
+{
+    struct fixture *f = *state;
+    if (rnic_kind() != RS_RNIC_KIND_SOFT)
+        skip();
+    uint16_t port = sin_port(&f->listen_addr);
+    assert_int_not_equal(port, 0);
+    int c = socket(AF_INET, SOCK_STREAM, 0);
+    assert_true(c >= 0);
+    struct sockaddr_in tcp = local_sockaddr(tcp_port_of(port));
+    assert_int_equal(connect(c, (struct sockaddr *)&tcp, sizeof(tcp)), 0);
+    uint8_t greeting[32];
+    size_t got = 0;
+    while (got < 16 && wait_fd(c, WAIT_MS) > 0) {
+        ssize_t r = read(c, greeting + got, sizeof(greeting) - got);
+        if (r <= 0)
+            break;
+        got += (size_t)r;
+    }
+    assert_int_equal(got, 16);
+    assert_memory_equal(greeting, "RDMASOCK SOFTRC\x01", 16);
+    close(c);
+    connect_pair(f, NULL, 0, NULL, 0);
+
+    uint16_t no_tcp_port = rdma_port_of(0);
+    struct sockaddr_in bad = local_sockaddr(no_tcp_port);
+    struct rs_rnic_listener *l = NULL;
+    if (no_tcp_port != 0)
+        assert_int_equal(rs_rnic_listen(f->p.cm, (struct sockaddr *)&bad, sizeof(bad), 4, &l), -EADDRNOTAVAIL);
+    struct side s;
+    create_side(f, &s, 16, 4);
+    assert_int_equal(rs_rnic_connect(s.qp, s.cm, (struct sockaddr *)&bad, sizeof(bad), NULL, 0, WAIT_MS),
+                     -EADDRNOTAVAIL);
+    bad = local_sockaddr(0);
+    assert_int_equal(rs_rnic_connect(s.qp, s.cm, (struct sockaddr *)&bad, sizeof(bad), NULL, 0, WAIT_MS),
+                     -EADDRNOTAVAIL);
+    /* Refused before anything started: the QP can still connect. */
+    assert_int_equal(rs_rnic_qp_state(s.qp), RS_QPS_INIT);
+    destroy_side(&s);
+}
+
+/* Two listeners on one RDMA port (a prefork server's processes): SO_REUSEPORT, both get connections. */
+static void test_port_space_reuseport(void **state)
+{
+    struct fixture *f = *state;
+    if (rnic_kind() != RS_RNIC_KIND_SOFT)
+        skip();
+    struct rs_rnic_cm *cm2;
+    assert_int_equal(rs_rnic_cm_create(f->rnic, &cm2), 0);
+    struct rs_rnic_listener *l2;
+    assert_int_equal(rs_rnic_listen(cm2, (struct sockaddr *)&f->listen_addr, sizeof(struct sockaddr_in), 16, &l2), 0);
+    struct sockaddr_storage a2;
+    assert_int_equal(rs_rnic_listener_addr(l2, &a2), 0);
+    assert_int_equal(sin_port(&a2), sin_port(&f->listen_addr));
+    int accepted[2] = { 0, 0 };
+    for (int i = 0; i < 64 && (!accepted[0] || !accepted[1]); i++) {
+        struct side act, pas;
+        create_side(f, &act, 16, 4);
+        create_side(f, &pas, 16, 4);
+        assert_int_equal(rs_rnic_connect(act.qp, act.cm, (struct sockaddr *)&f->listen_addr,
+                                         sizeof(struct sockaddr_in), NULL, 0, WAIT_MS),
+                         0);
+        /* The request arrives on whichever listener the kernel chose. */
+        struct rs_rnic_cm_event ev;
+        int which = -1;
+        uint64_t deadline = now_ms() + WAIT_MS;
+        while (which < 0 && now_ms() < deadline) {
+            if (rs_rnic_cm_get_event(f->p.cm, &ev) == 0)
+                which = 0;
+            else if (rs_rnic_cm_get_event(cm2, &ev) == 0)
+                which = 1;
+            else
+                usleep(1000);
+        }
+        assert_true(which >= 0);
+        assert_int_equal(ev.type, RS_RNIC_CM_EV_CONNECT_REQUEST);
+        assert_ptr_equal(ev.listener, which == 0 ? f->listener : l2);
+        assert_int_equal(rs_rnic_accept(ev.request, pas.qp, pas.cm, NULL, 0), 0);
+        expect_event(act.cm, RS_RNIC_CM_EV_ESTABLISHED, NULL);
+        expect_event(pas.cm, RS_RNIC_CM_EV_ESTABLISHED, NULL);
+        accepted[which]++;
+        destroy_side(&act);
+        destroy_side(&pas);
+    }
+    assert_true(accepted[0] > 0);
+    assert_true(accepted[1] > 0);
+    rs_rnic_listener_close(l2);
+    rs_rnic_cm_destroy(cm2);
+}
+
+/* Every socket of a soft RC connection (listener, accepted, active) is close-on-exec: a program that execs keeps
+ * none of them. */
+static void test_sockets_cloexec(void **state)
+{
+    struct fixture *f = *state;
+    if (rnic_kind() != RS_RNIC_KIND_SOFT)
+        skip();
+    connect_pair(f, NULL, 0, NULL, 0);
+    DIR *d = opendir("/proc/self/fd");
+    assert_non_null(d);
+    int sockets = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        int fd = atoi(e->d_name);
+        struct stat st;
+        if (e->d_name[0] == '.' || fd == dirfd(d) || fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode))
+            continue;
+        int type = 0;
+        socklen_t len = sizeof(type);
+        if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) != 0 || type != SOCK_STREAM)
+            continue;
+        sockets++;
+        if (!(fcntl(fd, F_GETFD) & FD_CLOEXEC))
+            fail_msg("stream socket fd %d is not close-on-exec", fd);
+    }
+    closedir(d);
+    assert_true(sockets >= 3);
 }
 
 /* The soft RNIC's listener speaks MPA on kernel TCP: a raw client can check how it refuses bad Requests. */
@@ -458,7 +823,13 @@ static int raw_mpa_exchange(struct fixture *f, const uint8_t *req, size_t req_le
 {
     int c = socket(AF_INET, SOCK_STREAM, 0);
     assert_true(c >= 0);
-    assert_int_equal(connect(c, (struct sockaddr *)&f->listen_addr, sizeof(struct sockaddr_in)), 0);
+    struct sockaddr_in tcp = local_sockaddr(tcp_port_of(sin_port(&f->listen_addr)));
+    assert_int_equal(connect(c, (struct sockaddr *)&tcp, sizeof(tcp)), 0);
+    /* The listener greets first; its Reply follows our Request. */
+    uint8_t greeting[16];
+    assert_true(wait_fd(c, WAIT_MS) > 0);
+    assert_int_equal(recv(c, greeting, sizeof(greeting), MSG_WAITALL), 16);
+    assert_memory_equal(greeting, "RDMASOCK SOFTRC\x01", 16);
     assert_int_equal(write(c, req, req_len), (ssize_t)req_len);
     size_t got = 0;
     *closed = false;
@@ -1050,6 +1421,11 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_connect_timeout, fixture_setup, fixture_teardown),
         cmocka_unit_test_setup_teardown(test_connect_not_rdma_peer, fixture_setup, fixture_teardown),
         cmocka_unit_test_setup_teardown(test_listener_refuses_markers, fixture_setup, fixture_teardown),
+        cmocka_unit_test_setup_teardown(test_stranger_never_gets_a_byte, fixture_setup, fixture_teardown),
+        cmocka_unit_test_setup_teardown(test_port_space_coexists_with_kernel, fixture_setup, fixture_teardown),
+        cmocka_unit_test_setup_teardown(test_port_space_listen_any, fixture_setup, fixture_teardown),
+        cmocka_unit_test_setup_teardown(test_port_space_reuseport, fixture_setup, fixture_teardown),
+        cmocka_unit_test_setup_teardown(test_sockets_cloexec, fixture_setup, fixture_teardown),
         cmocka_unit_test_setup_teardown(test_send_recv_sizes, fixture_setup, fixture_teardown),
         cmocka_unit_test_setup_teardown(test_send_ordering_and_sges, fixture_setup, fixture_teardown),
         cmocka_unit_test_setup_teardown(test_write_read_bounds, fixture_setup, fixture_teardown),

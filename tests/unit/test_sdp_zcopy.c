@@ -4,6 +4,7 @@
  * signal) with canaries proving no RDMA access lands after a cancel completed, a race stress where sinks and data
  * cross all the time, registration-cache coherence after munmap, and nonblocking sends that must copy.
  */
+#include <stdatomic.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <time.h>
@@ -566,6 +567,58 @@ static void test_msg_zerocopy_notifications(void **state)
     rs_sdp_close(a);
 }
 
+/* A receiver blocked with its buffer offered as a sink when the peer half-closes: the DisConn kills the sink
+ * (no data will come), and the recv must come back with end of stream. The sink's wait processes the DisConn
+ * on the receiving thread itself, whose wake-up went to the waiters of that moment; a recv that then slept
+ * without looking at the socket again never woke (the echo server of sockcheck, stalled for good). */
+struct eof_reader {
+    struct rs_sdp_sock *s;
+    size_t len;
+    ssize_t result;
+    atomic_bool done;
+};
+
+static void *eof_reader_main(void *p)
+{
+    struct eof_reader *r = p;
+    uint8_t *buf = malloc(r->len);
+    r->result = rs_sdp_recv(r->s, buf, r->len, 0);
+    free(buf);
+    atomic_store(&r->done, true);
+    return NULL;
+}
+
+static void test_sink_killed_by_disconn_reports_eof(void **state)
+{
+    (void)state;
+    for (int round = 0; round < 5; round++) {
+        struct rs_sdp_sock *c, *a;
+        sdp_pair_opts(&c, &a, zcopy_64k_fixed);
+        struct eof_reader r = { .s = a, .len = 256u * 1024u, .result = -1 };
+        atomic_init(&r.done, false);
+        pthread_t t;
+        assert_int_equal(pthread_create(&t, NULL, eof_reader_main, &r), 0);
+        /* Long enough for the reader to advertise its sink and for the SinkAvail to reach the peer. */
+        uint64_t until = now_ms() + WAIT_MS;
+        while (sdp_stats(a).sink_avail_sent == 0 && now_ms() < until)
+            usleep(1000);
+        assert_int_equal(sdp_stats(a).sink_avail_sent, 1);
+        usleep(20000);
+        assert_int_equal(rs_sdp_shutdown(c, SHUT_WR), 0);
+        until = now_ms() + WAIT_MS;
+        while (!atomic_load(&r.done) && now_ms() < until)
+            usleep(1000);
+        bool returned = atomic_load(&r.done);
+        if (!returned)
+            rs_sdp_shutdown(a, SHUT_RD);    /* unstick the reader so the failure is reported, not hung */
+        pthread_join(t, NULL);
+        assert_true(returned);
+        assert_int_equal(r.result, 0);
+        rs_sdp_close(c);
+        rs_sdp_close(a);
+    }
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -581,6 +634,7 @@ int main(void)
         cmocka_unit_test(test_regcache_unmapped),
         cmocka_unit_test(test_nonblocking_send_copies),
         cmocka_unit_test(test_msg_zerocopy_notifications),
+        cmocka_unit_test(test_sink_killed_by_disconn_reports_eof),
     };
     /* SDP_TEST_FILTER / SDP_TEST_SKIP: glob patterns on test names, to run a subset by hand */
     if (getenv("SDP_TEST_FILTER"))

@@ -61,12 +61,31 @@ _Static_assert(RS_RC_FPDU_MAX - RS_MPA_LEN_FIELD - RS_MPA_CRC_LEN <= RS_MPA_MAX_
 #define RS_RC_DEFAULT_CONNECT_TIMEOUT_MS 5000u
 #define RS_RC_MPA_REQUEST_TIMEOUT_MS 5000u  /* passive side: time a new TCP connection has to send its Request */
 #define RS_RC_CLOSE_TIMEOUT_MS 3000u        /* disconnect / error: time the peer has to close its half */
+#define RS_RC_GREETING_TIMEOUT_MS 1000u     /* active side: time the listener has to greet (capped by the connect
+                                             * timeout); a kernel listener that says nothing is not ours */
 #define RS_RC_TERM_LEN_FPDU (RS_MPA_LEN_FIELD + RS_TERM_MAX_LEN + RS_MPA_TRAILER_MAX)
+
+/*
+ * The soft RNIC's own port space (docs/rnic-rc.md "Port space"): RDMA port P is TCP port (P + offset) mod 65536,
+ * offset from RDMASOCK_SOFT_PORT_OFFSET (read once per process). So an RDMA listener on P and the application's
+ * own kernel listener on P coexist, as they do in rdma_cm's port space on verbs.
+ */
+#define RS_RC_PORT_OFFSET_ENV "RDMASOCK_SOFT_PORT_OFFSET"
+#define RS_RC_PORT_OFFSET_DEFAULT 16384u
+
+/*
+ * The listener greeting (docs/wire-formats.md §5): the passive side writes these 16 bytes as soon as it accepts a
+ * TCP connection; the active side reads exactly them before it sends a byte. A kernel program that happens to
+ * listen on the TCP port never greets like this, so it never receives anything from us.
+ */
+#define RS_RC_GREETING "RDMASOCK SOFTRC\x01"    /* 15 ASCII bytes, then the version (1) */
+#define RS_RC_GREETING_LEN 16u
+_Static_assert(sizeof(RS_RC_GREETING) - 1 == RS_RC_GREETING_LEN, "the greeting is 16 bytes on the wire");
 
 /* Connection state, written on the progress thread only (read anywhere with rs_rc_conn()). */
 enum rs_rc_conn {
     RS_RC_IDLE,             /* no connection (QP in INIT) */
-    RS_RC_CONNECTING,       /* active: TCP connect in progress */
+    RS_RC_CONNECTING,       /* active: TCP connect in progress, then (tcp_up) reading the greeting */
     RS_RC_MPA_WAIT,         /* active: Request sent (or being sent), waiting for the Reply */
     RS_RC_RTS,              /* FPDUs flow */
     RS_RC_CLOSING,          /* orderly disconnect: finishing transmission, FINs crossing */
@@ -173,6 +192,13 @@ struct rs_rc_qp {
     struct sockaddr_storage peer;
     socklen_t peer_len;
     uint32_t fpdu_max;
+
+    /* Active side before MPA: the TCP connection is up and the listener's greeting is being read; nothing has
+     * been sent yet. The connect deadline bounds the greeting wait and the MPA exchange together. */
+    bool tcp_up;
+    uint8_t greeting_in[RS_RC_GREETING_LEN];
+    size_t greeting_have;
+    uint64_t connect_deadline_ns;
 
     /* MPA negotiation. */
     struct rs_mpa_local local;

@@ -1,13 +1,18 @@
 /*
  * rc_cm.c: RC connection management of the soft RNIC over nonblocking kernel TCP, driven by the progress thread.
  *
- *   active   socket + nonblocking connect -> writable: send the MPA Request -> read exactly the Reply (FPDUs may
- *            follow it in the same segment and belong to the receive machine) -> ESTABLISHED, or REJECTED (R set,
- *            or TCP refused), UNREACHABLE (no route, not an MPA peer), TIMEOUT (connect timer).
- *   passive  listening socket -> accept4 -> read exactly the Request (a silent client is dropped after
- *            RS_RC_MPA_REQUEST_TIMEOUT_MS) -> refused at once if it wants markers or an unknown revision (Reply
- *            with R, close), else CONNECT_REQUEST to the application, which accepts (Reply, ESTABLISHED) or
- *            rejects (Reply with R and its private data, close).
+ *   ports    RDMA port P is TCP port P + offset (RS_RC_PORT_OFFSET_ENV): the soft RNIC's own port space, so an
+ *            RDMA listener never collides with the application's kernel listener on P.
+ *   active   socket + nonblocking connect -> writable: read exactly the listener's greeting, sending nothing (a
+ *            kernel program that is not a soft RNIC listener never gets a byte: wrong bytes, EOF, reset or
+ *            silence for RS_RC_GREETING_TIMEOUT_MS -> UNREACHABLE, -EHOSTUNREACH) -> send the MPA Request -> read
+ *            exactly the Reply (FPDUs may follow it in the same segment and belong to the receive machine) ->
+ *            ESTABLISHED, or REJECTED (R set, or TCP refused), UNREACHABLE (no route, bad Reply), TIMEOUT.
+ *   passive  listening socket (SO_REUSEPORT: processes of a prefork server share the port) -> accept4 -> the
+ *            greeting -> read exactly the Request (a silent client is dropped after RS_RC_MPA_REQUEST_TIMEOUT_MS)
+ *            -> refused at once if it wants markers or an unknown revision (Reply with R, close), else
+ *            CONNECT_REQUEST to the application, which accepts (Reply, ESTABLISHED) or rejects (Reply with R and
+ *            its private data, close).
  *   close    iWARP has no disconnect message: the side that disconnects finishes what it transmits and sends its
  *            FIN; the other side sees EOF at an FPDU boundary, does the same; both report DISCONNECTED.
  *
@@ -17,6 +22,7 @@
 #include <errno.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -75,6 +81,68 @@ static bool addr_ok(const struct sockaddr *a, socklen_t len)
     if (a->sa_family == AF_INET6)
         return len >= sizeof(struct sockaddr_in6);
     return false;
+}
+
+/* ---- port space ---- */
+
+static uint16_t port_offset_value = RS_RC_PORT_OFFSET_DEFAULT;
+static pthread_once_t port_offset_once = PTHREAD_ONCE_INIT;
+
+static void port_offset_init(void)
+{
+    const char *v = getenv(RS_RC_PORT_OFFSET_ENV);
+    if (!v)
+        return;
+    unsigned long n = 0;
+    const char *c = v;
+    while (*c >= '0' && *c <= '9' && n <= 65535)
+        n = n * 10 + (unsigned long)(*c++ - '0');
+    if (c == v || *c || n > 65535) {
+        RS_WARN("%s=%s ignored: expected a decimal number 0..65535; using %u", RS_RC_PORT_OFFSET_ENV, v,
+                RS_RC_PORT_OFFSET_DEFAULT);
+        return;
+    }
+    port_offset_value = (uint16_t)n;
+}
+
+/* Process-wide: both ends of a connection must agree, so it is read once and never changes. */
+static uint16_t port_offset(void)
+{
+    pthread_once(&port_offset_once, port_offset_init);
+    return port_offset_value;
+}
+
+static uint16_t tcp_port_of(uint16_t rdma_port) { return (uint16_t)(rdma_port + port_offset()); }
+static uint16_t rdma_port_of(uint16_t tcp_port) { return (uint16_t)(tcp_port - port_offset()); }
+
+/* Port of an AF_INET / AF_INET6 address (addr_ok checked the family and length). */
+static uint16_t sa_port(const struct sockaddr_storage *a)
+{
+    return ntohs(a->ss_family == AF_INET6 ? ((const struct sockaddr_in6 *)a)->sin6_port
+                                          : ((const struct sockaddr_in *)a)->sin_port);
+}
+
+static void sa_set_port(struct sockaddr_storage *a, uint16_t port)
+{
+    if (a->ss_family == AF_INET6)
+        ((struct sockaddr_in6 *)a)->sin6_port = htons(port);
+    else
+        ((struct sockaddr_in *)a)->sin_port = htons(port);
+}
+
+/* Copies an application (RDMA port space) address and moves it to TCP's; -EADDRNOTAVAIL for an RDMA port that has
+ * no TCP port (the one mapping to TCP 0), and for RDMA port 0 unless any_ok (listen: the kernel picks one). */
+static int to_tcp_addr(const struct sockaddr *a, socklen_t len, bool any_ok, struct sockaddr_storage *out)
+{
+    memset(out, 0, sizeof(*out));
+    memcpy(out, a, len < sizeof(*out) ? len : sizeof(*out));
+    uint16_t rdma_port = sa_port(out);
+    if (rdma_port == 0 && any_ok)
+        return 0;
+    if (rdma_port == 0 || tcp_port_of(rdma_port) == 0)
+        return -EADDRNOTAVAIL;
+    sa_set_port(out, tcp_port_of(rdma_port));
+    return 0;
 }
 
 static struct rs_mpa_local default_local(const struct rs_soft_device *dev)
@@ -187,16 +255,37 @@ void rs_rc_close_progress(struct rs_rc_qp *rc)
 
 /* ---- active side ---- */
 
-static void connect_done(struct rs_rc_qp *rc)
+/* Milliseconds left until the connect deadline, at least 1 (an expired deadline fires the timer at once). */
+static uint32_t connect_ms_left(const struct rs_rc_qp *rc)
 {
-    int err = 0;
-    socklen_t len = sizeof(err);
-    if (rs_soft_sys_getsockopt(rc->fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0)
-        err = ECONNABORTED;
-    if (err) {
-        connect_failed(rc, event_for_errno(-err), -err, NULL, 0, true);
-        return;
+    uint64_t now = rs_soft_now_ns();
+    if (now >= rc->connect_deadline_ns)
+        return 1;
+    uint64_t ms = (rc->connect_deadline_ns - now + 999999u) / 1000000u;
+    return ms > UINT32_MAX ? UINT32_MAX : (uint32_t)ms;
+}
+
+/*
+ * Whatever answered on the TCP port is not a soft RNIC listener. Nothing of ours was sent; close so that the
+ * program there reads EOF and nothing else: discard what it sent first, because closing a socket with unread
+ * bytes resets the connection instead of sending a FIN.
+ */
+static void greeting_failed(struct rs_rc_qp *rc, const char *why)
+{
+    RS_INFO("soft rc: qp %u: no soft RNIC listener at the destination (%s); nothing was sent", rc->qp->qpn, why);
+    uint8_t discard[4096];
+    for (int i = 0; i < 16; i++) {
+        struct iovec iov = { discard, sizeof(discard) };
+        struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1 };
+        if (rs_soft_sys_recvmsg(rc->fd, &m, MSG_DONTWAIT) <= 0)
+            break;
     }
+    connect_failed(rc, RS_RNIC_CM_EV_UNREACHABLE, -EHOSTUNREACH, NULL, 0, false);
+}
+
+/* The greeting is complete and right: only now do bytes of ours go out, starting with the MPA Request. */
+static void send_request(struct rs_rc_qp *rc)
+{
     uint8_t frame[RS_MPA_REQREP_MAX];
     int n = rs_mpa_frame_encode(&rc->req, frame, sizeof(frame));
     pthread_mutex_lock(&rc->tx_lock);
@@ -209,7 +298,63 @@ static void connect_done(struct rs_rc_qp *rc)
         connect_failed(rc, RS_RNIC_CM_EV_UNREACHABLE, n, NULL, 0, true);
         return;
     }
+    rs_soft_timer_arm(rc->timer, connect_ms_left(rc));
     rs_rc_tx_run(rc, true);
+}
+
+/* Reads exactly the greeting: never a byte past it (nothing should follow, and nothing of a stranger's is ours). */
+static void read_greeting(struct rs_rc_qp *rc)
+{
+    static const uint8_t greeting[RS_RC_GREETING_LEN] = RS_RC_GREETING;
+    while (rc->greeting_have < RS_RC_GREETING_LEN) {
+        struct iovec iov = { rc->greeting_in + rc->greeting_have, RS_RC_GREETING_LEN - rc->greeting_have };
+        struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1 };
+        ssize_t r = rs_soft_sys_recvmsg(rc->fd, &m, MSG_DONTWAIT);
+        if (r == -EAGAIN || r == -EWOULDBLOCK)
+            return;
+        if (r == 0) {
+            greeting_failed(rc, "connection closed before the greeting");
+            return;
+        }
+        if (r < 0) {
+            greeting_failed(rc, r == -ECONNRESET ? "connection reset before the greeting" : "socket error");
+            return;
+        }
+        size_t from = rc->greeting_have;
+        rc->greeting_have += (size_t)r;
+        if (memcmp(rc->greeting_in + from, greeting + from, (size_t)r) != 0) {
+            greeting_failed(rc, "it spoke first, and not our greeting");
+            return;
+        }
+    }
+    send_request(rc);
+}
+
+/* TCP connect finished: on success wait for the greeting, sending nothing. */
+static void connect_done(struct rs_rc_qp *rc)
+{
+    int err = 0;
+    socklen_t len = sizeof(err);
+    if (rs_soft_sys_getsockopt(rc->fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0)
+        err = ECONNABORTED;
+    if (err == ECONNRESET || err == EPIPE) {
+        /* Connected, then reset before we read anything: a program there that is not a soft RNIC listener. */
+        greeting_failed(rc, "connection reset before the greeting");
+        return;
+    }
+    if (err) {
+        connect_failed(rc, event_for_errno(-err), -err, NULL, 0, true);
+        return;
+    }
+    rc->tcp_up = true;
+    rc->greeting_have = 0;
+    uint32_t left = connect_ms_left(rc);
+    rs_soft_timer_arm(rc->timer, left < RS_RC_GREETING_TIMEOUT_MS ? left : RS_RC_GREETING_TIMEOUT_MS);
+    pthread_mutex_lock(&rc->tx_lock);
+    rc->watch_events = RS_SOFT_EV_READ;
+    rs_soft_watch_set(rc->watch, RS_SOFT_EV_READ);
+    pthread_mutex_unlock(&rc->tx_lock);
+    read_greeting(rc);      /* usually already there: the listener greets as it accepts */
 }
 
 /* Reads exactly one MPA frame into buf (have bytes already). 1 when complete (*total set), 0 to wait, or -errno
@@ -274,7 +419,8 @@ static void read_reply(struct rs_rc_qp *rc)
 struct connect_args {
     struct rs_rc_qp *rc;
     struct rs_soft_cm *cm;
-    const struct sockaddr *dst;
+    const struct sockaddr *dst;         /* as the application named it (RDMA port) */
+    const struct sockaddr_storage *tcp_dst;
     socklen_t len;
     const void *pd;
     uint32_t pd_len;
@@ -304,6 +450,7 @@ static void connect_loop(void *arg)
     }
     rc->watch_events = RS_SOFT_EV_WRITE;
     rc->fd = fd;
+    /* Events name the peer in the RDMA port space, as the application asked for it. */
     memset(&rc->peer, 0, sizeof(rc->peer));
     memcpy(&rc->peer, a->dst, a->len < sizeof(rc->peer) ? a->len : sizeof(rc->peer));
     rc->peer_len = a->len;
@@ -315,11 +462,14 @@ static void connect_loop(void *arg)
     rc->cm = a->cm;
     rc->active = true;
     rc->mpa_have = 0;
+    rc->tcp_up = false;
     rs_rc_set_conn(rc, RS_RC_CONNECTING);
     rs_soft_qp_set_state(rc->qp, RS_QPS_CONNECTING);
     a->result = 0;
-    rs_soft_timer_arm(rc->timer, a->timeout_ms ? a->timeout_ms : RS_RC_DEFAULT_CONNECT_TIMEOUT_MS);
-    int r = rs_soft_sys_connect(fd, a->dst, a->len);
+    uint32_t timeout_ms = a->timeout_ms ? a->timeout_ms : RS_RC_DEFAULT_CONNECT_TIMEOUT_MS;
+    rc->connect_deadline_ns = rs_soft_now_ns() + (uint64_t)timeout_ms * 1000000u;
+    rs_soft_timer_arm(rc->timer, timeout_ms);
+    int r = rs_soft_sys_connect(fd, (const struct sockaddr *)a->tcp_dst, a->len);
     if (r == 0)
         connect_done(rc);
     else if (r != -EINPROGRESS)
@@ -334,7 +484,11 @@ int rs_rc_connect(struct rs_soft_qp *qp, struct rs_soft_cm *cm, const struct soc
         return -EINVAL;
     if (private_data_len > qp->dev->base.caps.max_connect_private_data)
         return -EMSGSIZE;
-    struct connect_args a = { rc, cm, dst, len, private_data, private_data_len, timeout_ms, 0 };
+    struct sockaddr_storage tcp_dst;
+    int r = to_tcp_addr(dst, len, false, &tcp_dst);
+    if (r != 0)
+        return r;
+    struct connect_args a = { rc, cm, dst, &tcp_dst, len, private_data, private_data_len, timeout_ms, 0 };
     rs_soft_progress_call_sync(qp->dev, connect_loop, &a);
     return a.result;
 }
@@ -348,8 +502,10 @@ void rs_rc_io_cb(struct rs_soft_watch *w, int fd, unsigned revents, void *arg)
     struct rs_rc_qp *rc = arg;
     switch (rs_rc_conn(rc)) {
     case RS_RC_CONNECTING:
-        if (revents & RS_SOFT_EV_WRITE)
+        if (!rc->tcp_up && (revents & RS_SOFT_EV_WRITE))
             connect_done(rc);
+        else if (rc->tcp_up && (revents & RS_SOFT_EV_READ))
+            read_greeting(rc);
         break;
     case RS_RC_MPA_WAIT:
         if (revents & RS_SOFT_EV_WRITE)
@@ -388,6 +544,11 @@ void rs_rc_timer_cb(struct rs_soft_timer *t, void *arg)
     struct rs_rc_qp *rc = arg;
     switch (rs_rc_conn(rc)) {
     case RS_RC_CONNECTING:
+        if (rc->tcp_up)
+            greeting_failed(rc, "no greeting in time");
+        else
+            connect_failed(rc, RS_RNIC_CM_EV_TIMEOUT, -ETIMEDOUT, NULL, 0, true);
+        break;
     case RS_RC_MPA_WAIT:
         connect_failed(rc, RS_RNIC_CM_EV_TIMEOUT, -ETIMEDOUT, NULL, 0, true);
         break;
@@ -567,6 +728,9 @@ static void listener_cb(struct rs_soft_watch *w, int fd, unsigned revents, void 
     (void)w;
     (void)revents;
     struct rs_rc_listener *l = arg;
+    static const uint8_t greeting[RS_RC_GREETING_LEN] = RS_RC_GREETING;
+    struct iovec greeting_iov = { (void *)greeting, sizeof(greeting) };
+    const struct msghdr greeting_msg = { .msg_iov = &greeting_iov, .msg_iovlen = 1 };
     for (int i = 0; i < 16; i++) {
         struct sockaddr_storage peer;
         socklen_t plen = sizeof(peer);
@@ -574,6 +738,12 @@ static void listener_cb(struct rs_soft_watch *w, int fd, unsigned revents, void 
         if (nfd < 0)
             return;
         set_nodelay(nfd);
+        /* Greet at once: the active side sends nothing until it has read exactly this. A fresh socket's buffer
+         * always takes 16 bytes, so a short write means the connection is already gone. */
+        if (rs_soft_sys_sendmsg(nfd, &greeting_msg, MSG_DONTWAIT | MSG_NOSIGNAL) != RS_RC_GREETING_LEN) {
+            rs_soft_sys_close(nfd);
+            continue;
+        }
         struct rs_rc_pending *p = calloc(1, sizeof(*p));
         if (!p) {
             rs_soft_sys_close(nfd);
@@ -597,26 +767,57 @@ static void listener_cb(struct rs_soft_watch *w, int fd, unsigned revents, void 
     }
 }
 
+/* A listening TCP socket on tcp_addr; *bound_port is the TCP port it got. 0 or -errno. */
+static int listen_socket(const struct sockaddr_storage *tcp_addr, socklen_t len, int backlog, int *out_fd,
+                         uint16_t *bound_port)
+{
+    int fd = rs_soft_sys_socket(tcp_addr->ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return fd;
+    /* REUSEPORT: processes of a prefork server each listen on the same RDMA port and the kernel spreads the
+     * connections over them (only sockets of the same user may join, so nobody else can take a share). */
+    int one = 1;
+    (void)rs_soft_sys_setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    (void)rs_soft_sys_setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one));
+    struct sockaddr_storage bound;
+    socklen_t blen = sizeof(bound);
+    int r = rs_soft_sys_bind(fd, (const struct sockaddr *)tcp_addr, len);
+    if (r == 0)
+        r = rs_soft_sys_listen(fd, backlog > 0 ? backlog : 128);
+    if (r == 0)
+        r = rs_soft_sys_getsockname(fd, (struct sockaddr *)&bound, &blen);
+    if (r != 0) {
+        rs_soft_sys_close(fd);
+        return r;
+    }
+    *out_fd = fd;
+    *bound_port = sa_port(&bound);
+    return 0;
+}
+
 int rs_rc_listen(struct rs_soft_cm *cm, const struct sockaddr *addr, socklen_t len, int backlog,
                  struct rs_rnic_listener **out)
 {
     if (!cm || !addr_ok(addr, len))
         return -EINVAL;
+    struct sockaddr_storage tcp_addr;
+    int r = to_tcp_addr(addr, len, true, &tcp_addr);
+    if (r != 0)
+        return r;
     struct rs_rc_listener *l = calloc(1, sizeof(*l));
     if (!l)
         return -ENOMEM;
-    int fd = rs_soft_sys_socket(addr->sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd < 0) {
-        free(l);
-        return fd;
+    int fd = -1;
+    uint16_t port = 0;
+    r = listen_socket(&tcp_addr, len, backlog, &fd, &port);
+    if (r == 0 && rdma_port_of(port) == 0) {
+        /* The kernel picked the one TCP port that is RDMA port 0, which nobody can connect to: take another while
+         * still holding that one, so the kernel cannot hand it out again. */
+        int unusable = fd;
+        r = listen_socket(&tcp_addr, len, backlog, &fd, &port);
+        rs_soft_sys_close(unusable);
     }
-    int one = 1;
-    (void)rs_soft_sys_setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    int r = rs_soft_sys_bind(fd, addr, len);
-    if (r == 0)
-        r = rs_soft_sys_listen(fd, backlog > 0 ? backlog : 128);
     if (r != 0) {
-        rs_soft_sys_close(fd);
         free(l);
         return r;
     }
@@ -642,7 +843,10 @@ int rs_rc_listener_addr(const struct rs_rnic_listener *listener, struct sockaddr
     const struct rs_rc_listener *l = (const struct rs_rc_listener *)listener;
     socklen_t len = sizeof(*out);
     memset(out, 0, sizeof(*out));
-    return rs_soft_sys_getsockname(l->fd, (struct sockaddr *)out, &len);
+    int r = rs_soft_sys_getsockname(l->fd, (struct sockaddr *)out, &len);
+    if (r == 0)
+        sa_set_port(out, rdma_port_of(sa_port(out)));
+    return r;
 }
 
 static void listener_close_loop(void *arg)

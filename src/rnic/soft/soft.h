@@ -77,11 +77,26 @@
 /* ---- raw system calls (see header comment) --------------------------------------------------------------- */
 
 static inline long rs_soft_sys_ret(long r) { return r < 0 ? -errno : r; }
+/*
+ * Sockets the soft RNIC creates are recorded (soft_fork.c): a forked child closes its copies at once, because
+ * they are the parent's. A listening socket left open in the child would take its share of SO_REUSEPORT
+ * connections that nobody serves, and a connected one would hold back the FIN when the parent closes.
+ */
+void rs_soft_fd_owned(int fd);
+void rs_soft_fd_released(int fd);
+
 static inline int rs_soft_sys_socket(int domain, int type, int protocol)
 {
-    return (int)rs_soft_sys_ret(syscall(SYS_socket, domain, type, protocol));
+    int fd = (int)rs_soft_sys_ret(syscall(SYS_socket, domain, type, protocol));
+    if (fd >= 0)
+        rs_soft_fd_owned(fd);
+    return fd;
 }
-static inline int rs_soft_sys_close(int fd) { return (int)rs_soft_sys_ret(syscall(SYS_close, fd)); }
+static inline int rs_soft_sys_close(int fd)
+{
+    rs_soft_fd_released(fd);
+    return (int)rs_soft_sys_ret(syscall(SYS_close, fd));
+}
 static inline int rs_soft_sys_bind(int fd, const struct sockaddr *a, socklen_t len)
 {
     return (int)rs_soft_sys_ret(syscall(SYS_bind, fd, a, len));
@@ -93,7 +108,10 @@ static inline int rs_soft_sys_connect(int fd, const struct sockaddr *a, socklen_
 static inline int rs_soft_sys_listen(int fd, int backlog) { return (int)rs_soft_sys_ret(syscall(SYS_listen, fd, backlog)); }
 static inline int rs_soft_sys_accept4(int fd, struct sockaddr *a, socklen_t *len, int flags)
 {
-    return (int)rs_soft_sys_ret(syscall(SYS_accept4, fd, a, len, flags));
+    int nfd = (int)rs_soft_sys_ret(syscall(SYS_accept4, fd, a, len, flags));
+    if (nfd >= 0)
+        rs_soft_fd_owned(nfd);
+    return nfd;
 }
 static inline int rs_soft_sys_shutdown(int fd, int how) { return (int)rs_soft_sys_ret(syscall(SYS_shutdown, fd, how)); }
 static inline int rs_soft_sys_setsockopt(int fd, int level, int name, const void *val, socklen_t len)

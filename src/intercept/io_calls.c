@@ -1,0 +1,495 @@
+/*
+ * io_calls.c: the interposed data calls: read, write, their vector forms, recv*, send*, the mmsg forms, sendfile,
+ * and glibc's fortified variants. An fd that is not intercepted costs one table lookup; an SDP connection goes to
+ * sdp_stream, an adopted UDP socket to dgram_wr, anything else to the kernel.
+ */
+#include <fcntl.h>
+#include <linux/errqueue.h>
+#include <netinet/in.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/sendfile.h>
+#include <unistd.h>
+
+#include "common/compiler.h"
+#include "intercept/isock_int.h"
+#include "intercept/libc.h"
+#include "intercept/signals.h"
+
+/* What one data call goes to. */
+struct io_target {
+    struct rs_isock *s;             /* NULL: the kernel, untracked fd */
+    struct rs_sdp_sock *sdp;        /* held */
+    struct rs_dgram_sock *dg;       /* the isock keeps it alive while s is held */
+    bool inherited;                 /* an SDP connection of the parent process (after fork) */
+};
+
+static void target_of(int fd, struct io_target *t)
+{
+    memset(t, 0, sizeof(*t));
+    if (!rs_fd_any(RS_FD_SOCK))
+        return;
+    t->s = rs_isock_get(fd);
+    if (!t->s)
+        return;
+    rs_isock_settle_connect(t->s, fd);
+    switch (rs_isock_path_now(t->s)) {
+    case RS_IPATH_DGRAM:
+        t->dg = t->s->dg;
+        break;
+    case RS_IPATH_SDP:
+        pthread_mutex_lock(&t->s->lock);
+        if (t->s->sdp && t->s->owner == getpid() && t->s->path == RS_IPATH_SDP) {
+            t->sdp = t->s->sdp;
+            rs_sdp_hold(t->sdp);
+        } else if (t->s->path == RS_IPATH_SDP) {
+            t->inherited = true;
+        }
+        pthread_mutex_unlock(&t->s->lock);
+        break;
+    default:
+        break;
+    }
+}
+
+static void target_done(struct io_target *t)
+{
+    if (t->sdp)
+        rs_sdp_release(t->sdp);
+    if (t->s)
+        rs_isock_put(t->s);
+}
+
+static bool target_is_rdma(const struct io_target *t) { return t->sdp || t->dg || t->inherited; }
+
+/*
+ * After a blocking SDP call returned EINTR (nothing moved): would the kernel have restarted it? Yes when every
+ * handler that ran had SA_RESTART and the socket has no timeout for that direction (Linux returns EINTR for a
+ * socket with SO_RCVTIMEO / SO_SNDTIMEO even under SA_RESTART).
+ */
+static bool restart_after_eintr(struct io_target *t, const struct rs_signal_mark *mark, int timeo_opt)
+{
+    if (!rs_signal_restart_allowed(mark))
+        return false;
+    struct timeval tv = { 0, 0 };
+    socklen_t len = sizeof(tv);
+    if (rs_sdp_getsockopt(t->sdp, SOL_SOCKET, timeo_opt, &tv, &len) == 0 && (tv.tv_sec || tv.tv_usec))
+        return false;
+    return true;
+}
+
+static ssize_t sdp_recv(struct io_target *t, const struct iovec *iov, int iovcnt, int flags)
+{
+    if (t->inherited)
+        return -EBADF;
+    ssize_t r;
+    struct rs_signal_mark mark;
+    do {
+        rs_signal_mark(&mark);
+        r = rs_sdp_recvmsg(t->sdp, iov, iovcnt, flags);
+    } while (r == -EINTR && restart_after_eintr(t, &mark, SO_RCVTIMEO));
+    if (r > 0)
+        rs_isock_set_stats_io(t->s, 0, (size_t)r);
+    return r;
+}
+
+static ssize_t sdp_send(struct io_target *t, const struct iovec *iov, int iovcnt, int flags)
+{
+    if (t->inherited)
+        return -EBADF;
+    ssize_t r;
+    struct rs_signal_mark mark;
+    do {
+        rs_signal_mark(&mark);
+        r = rs_sdp_sendmsg(t->sdp, iov, iovcnt, flags);
+    } while (r == -EINTR && restart_after_eintr(t, &mark, SO_SNDTIMEO));
+    if (r > 0)
+        rs_isock_set_stats_io(t->s, (size_t)r, 0);
+    return r;
+}
+
+/* Fills msg's control buffer with one IP_RECVERR / IPV6_RECVERR message carrying ee (MSG_ZEROCOPY completions). */
+static ssize_t deliver_errqueue(struct io_target *t, struct msghdr *msg)
+{
+    struct sock_extended_err ee;
+    int r = rs_sdp_recv_errqueue(t->sdp, &ee);
+    if (r < 0)
+        return r;
+    msg->msg_flags = MSG_ERRQUEUE;
+    if (msg->msg_namelen)
+        msg->msg_namelen = 0;
+    size_t need = CMSG_SPACE(sizeof(ee));
+    if (!msg->msg_control || msg->msg_controllen < need) {
+        msg->msg_flags |= MSG_CTRUNC;
+        msg->msg_controllen = 0;
+        return 0;
+    }
+    struct cmsghdr *c = (struct cmsghdr *)msg->msg_control;
+    c->cmsg_level = t->s->family == AF_INET6 ? SOL_IPV6 : SOL_IP;
+    c->cmsg_type = t->s->family == AF_INET6 ? IPV6_RECVERR : IP_RECVERR;
+    c->cmsg_len = CMSG_LEN(sizeof(ee));
+    memcpy(CMSG_DATA(c), &ee, sizeof(ee));
+    msg->msg_controllen = need;
+    return 0;
+}
+
+/* ---- receive ---- */
+
+static ssize_t do_recvmsg(int fd, struct msghdr *msg, int flags)
+{
+    struct io_target t;
+    target_of(fd, &t);
+    ssize_t r;
+    if (t.dg) {
+        if (flags & MSG_ERRQUEUE)
+            r = RS_REAL(recvmsg)(fd, msg, flags) < 0 ? -errno : 0;
+        else
+            r = rs_dgram_recvmsg(t.dg, msg, flags);
+    } else if (target_is_rdma(&t)) {
+        if (flags & MSG_ERRQUEUE) {
+            r = t.sdp ? deliver_errqueue(&t, msg) : -EBADF;
+        } else {
+            r = sdp_recv(&t, msg->msg_iov, (int)msg->msg_iovlen, flags);
+            if (r >= 0) {
+                msg->msg_namelen = 0;
+                msg->msg_controllen = 0;
+                msg->msg_flags = 0;
+            }
+        }
+    } else {
+        r = RS_REAL(recvmsg)(fd, msg, flags);
+        target_done(&t);
+        return r;
+    }
+    target_done(&t);
+    return rs_ret(r);
+}
+
+RS_EXPORT ssize_t recvmsg(int fd, struct msghdr *msg, int flags)
+{
+    return do_recvmsg(fd, msg, flags);
+}
+
+RS_EXPORT ssize_t recvfrom(int fd, void *buf, size_t len, int flags, struct sockaddr *from, socklen_t *fromlen)
+{
+    struct io_target t;
+    target_of(fd, &t);
+    ssize_t r;
+    if (t.dg) {
+        r = rs_dgram_recvfrom(t.dg, buf, len, flags, from, fromlen);
+    } else if (target_is_rdma(&t)) {
+        struct iovec iov = { buf, len };
+        r = sdp_recv(&t, &iov, 1, flags);
+        if (r >= 0 && from && fromlen)
+            *fromlen = 0;       /* as Linux TCP: no address with stream data */
+    } else {
+        target_done(&t);
+        return RS_REAL(recvfrom)(fd, buf, len, flags, from, fromlen);
+    }
+    target_done(&t);
+    return rs_ret(r);
+}
+
+RS_EXPORT ssize_t recv(int fd, void *buf, size_t len, int flags)
+{
+    struct io_target t;
+    target_of(fd, &t);
+    ssize_t r;
+    if (t.dg) {
+        r = rs_dgram_recvfrom(t.dg, buf, len, flags, NULL, NULL);
+    } else if (target_is_rdma(&t)) {
+        struct iovec iov = { buf, len };
+        r = sdp_recv(&t, &iov, 1, flags);
+    } else {
+        target_done(&t);
+        return RS_REAL(recv)(fd, buf, len, flags);
+    }
+    target_done(&t);
+    return rs_ret(r);
+}
+
+RS_EXPORT ssize_t read(int fd, void *buf, size_t len)
+{
+    if (!rs_fd_any(RS_FD_SOCK))
+        return RS_REAL(read)(fd, buf, len);
+    struct io_target t;
+    target_of(fd, &t);
+    ssize_t r;
+    if (t.dg) {
+        r = rs_dgram_recvfrom(t.dg, buf, len, 0, NULL, NULL);
+    } else if (target_is_rdma(&t)) {
+        struct iovec iov = { buf, len };
+        r = sdp_recv(&t, &iov, 1, 0);
+    } else {
+        target_done(&t);
+        return RS_REAL(read)(fd, buf, len);
+    }
+    target_done(&t);
+    return rs_ret(r);
+}
+
+RS_EXPORT ssize_t readv(int fd, const struct iovec *iov, int iovcnt)
+{
+    if (!rs_fd_any(RS_FD_SOCK))
+        return RS_REAL(readv)(fd, iov, iovcnt);
+    struct io_target t;
+    target_of(fd, &t);
+    ssize_t r;
+    if (t.dg) {
+        struct msghdr m = { .msg_iov = (struct iovec *)iov, .msg_iovlen = (size_t)iovcnt };
+        r = rs_dgram_recvmsg(t.dg, &m, 0);
+    } else if (target_is_rdma(&t)) {
+        r = sdp_recv(&t, iov, iovcnt, 0);
+    } else {
+        target_done(&t);
+        return RS_REAL(readv)(fd, iov, iovcnt);
+    }
+    target_done(&t);
+    return rs_ret(r);
+}
+
+RS_EXPORT int recvmmsg(int fd, struct mmsghdr *vec, unsigned int vlen, int flags, struct timespec *timeout)
+{
+    struct io_target t;
+    target_of(fd, &t);
+    bool ours = target_is_rdma(&t);
+    target_done(&t);
+    if (!ours)
+        return RS_REAL(recvmmsg)(fd, vec, vlen, flags, timeout);
+    /* One recvmsg per entry: after the first, MSG_WAITFORONE makes the rest nonblocking, as in the kernel. */
+    unsigned i;
+    for (i = 0; i < vlen; i++) {
+        int f = flags & ~MSG_WAITFORONE;
+        if (i > 0 && (flags & MSG_WAITFORONE))
+            f |= MSG_DONTWAIT;
+        ssize_t r = do_recvmsg(fd, &vec[i].msg_hdr, f);
+        if (r < 0)
+            return i > 0 ? (int)i : -1;
+        vec[i].msg_len = (unsigned)r;
+        if (r == 0 && !t.dg)
+            return (int)i + 1;      /* end of stream */
+    }
+    return (int)i;
+}
+
+/* ---- send ---- */
+
+static ssize_t do_sendmsg(int fd, const struct msghdr *msg, int flags)
+{
+    struct io_target t;
+    target_of(fd, &t);
+    ssize_t r;
+    if (t.dg) {
+        r = rs_dgram_sendmsg(t.dg, msg, flags);
+    } else if (target_is_rdma(&t)) {
+        r = sdp_send(&t, msg->msg_iov, (int)msg->msg_iovlen, flags);
+    } else {
+        target_done(&t);
+        return RS_REAL(sendmsg)(fd, msg, flags);
+    }
+    target_done(&t);
+    return rs_ret(r);
+}
+
+RS_EXPORT ssize_t sendmsg(int fd, const struct msghdr *msg, int flags)
+{
+    return do_sendmsg(fd, msg, flags);
+}
+
+RS_EXPORT ssize_t sendto(int fd, const void *buf, size_t len, int flags, const struct sockaddr *to, socklen_t tolen)
+{
+    struct io_target t;
+    target_of(fd, &t);
+    ssize_t r;
+    if (t.dg) {
+        r = rs_dgram_sendto(t.dg, buf, len, flags, to, tolen);
+    } else if (target_is_rdma(&t)) {
+        struct iovec iov = { (void *)buf, len };
+        r = sdp_send(&t, &iov, 1, flags);       /* Linux TCP ignores the address on a connected socket */
+    } else {
+        target_done(&t);
+        return RS_REAL(sendto)(fd, buf, len, flags, to, tolen);
+    }
+    target_done(&t);
+    return rs_ret(r);
+}
+
+RS_EXPORT ssize_t send(int fd, const void *buf, size_t len, int flags)
+{
+    struct io_target t;
+    target_of(fd, &t);
+    ssize_t r;
+    if (t.dg) {
+        r = rs_dgram_sendto(t.dg, buf, len, flags, NULL, 0);
+    } else if (target_is_rdma(&t)) {
+        struct iovec iov = { (void *)buf, len };
+        r = sdp_send(&t, &iov, 1, flags);
+    } else {
+        target_done(&t);
+        return RS_REAL(send)(fd, buf, len, flags);
+    }
+    target_done(&t);
+    return rs_ret(r);
+}
+
+RS_EXPORT ssize_t write(int fd, const void *buf, size_t len)
+{
+    if (!rs_fd_any(RS_FD_SOCK))
+        return RS_REAL(write)(fd, buf, len);
+    struct io_target t;
+    target_of(fd, &t);
+    ssize_t r;
+    if (t.dg) {
+        r = rs_dgram_sendto(t.dg, buf, len, 0, NULL, 0);
+    } else if (target_is_rdma(&t)) {
+        struct iovec iov = { (void *)buf, len };
+        r = sdp_send(&t, &iov, 1, 0);
+    } else {
+        target_done(&t);
+        return RS_REAL(write)(fd, buf, len);
+    }
+    target_done(&t);
+    return rs_ret(r);
+}
+
+RS_EXPORT ssize_t writev(int fd, const struct iovec *iov, int iovcnt)
+{
+    if (!rs_fd_any(RS_FD_SOCK))
+        return RS_REAL(writev)(fd, iov, iovcnt);
+    struct io_target t;
+    target_of(fd, &t);
+    ssize_t r;
+    if (t.dg) {
+        struct msghdr m = { .msg_iov = (struct iovec *)iov, .msg_iovlen = (size_t)iovcnt };
+        r = rs_dgram_sendmsg(t.dg, &m, 0);
+    } else if (target_is_rdma(&t)) {
+        r = sdp_send(&t, iov, iovcnt, 0);
+    } else {
+        target_done(&t);
+        return RS_REAL(writev)(fd, iov, iovcnt);
+    }
+    target_done(&t);
+    return rs_ret(r);
+}
+
+RS_EXPORT int sendmmsg(int fd, struct mmsghdr *vec, unsigned int vlen, int flags)
+{
+    struct io_target t;
+    target_of(fd, &t);
+    bool ours = target_is_rdma(&t);
+    target_done(&t);
+    if (!ours)
+        return RS_REAL(sendmmsg)(fd, vec, vlen, flags);
+    unsigned i;
+    for (i = 0; i < vlen; i++) {
+        ssize_t r = do_sendmsg(fd, &vec[i].msg_hdr, flags);
+        if (r < 0)
+            return i > 0 ? (int)i : -1;
+        vec[i].msg_len = (unsigned)r;
+    }
+    return (int)i;
+}
+
+/*
+ * sendfile to an SDP connection: the file is read in chunks and sent (there is no page cache to lend to an RDMA
+ * QP here). The offset rules are sendfile's: with offset, *offset advances and the file position does not; without,
+ * the file position advances by exactly the bytes sent.
+ */
+static ssize_t sendfile_sdp(struct io_target *t, int in_fd, off64_t *offset, size_t count)
+{
+    off64_t pos = offset ? *offset : lseek64(in_fd, 0, SEEK_CUR);
+    if (pos < 0)
+        return -errno;
+    size_t chunk = count < 256 * 1024 ? count : 256 * 1024;
+    char *buf = chunk ? malloc(chunk) : NULL;
+    if (chunk && !buf)
+        return -ENOMEM;
+    size_t sent = 0;
+    ssize_t err = 0;
+    while (sent < count) {
+        size_t want = count - sent < chunk ? count - sent : chunk;
+        ssize_t got = pread64(in_fd, buf, want, pos + (off64_t)sent);
+        if (got < 0) {
+            err = -errno;
+            break;
+        }
+        if (got == 0)
+            break;
+        struct iovec iov = { buf, (size_t)got };
+        ssize_t w = sdp_send(t, &iov, 1, sent ? MSG_DONTWAIT : 0);
+        if (w < 0) {
+            err = w;
+            break;
+        }
+        sent += (size_t)w;
+        if ((size_t)w < (size_t)got)
+            break;
+    }
+    free(buf);
+    if (offset)
+        *offset = pos + (off64_t)sent;
+    else
+        lseek64(in_fd, pos + (off64_t)sent, SEEK_SET);
+    if (sent > 0)
+        return (ssize_t)sent;
+    return err;
+}
+
+RS_EXPORT ssize_t sendfile64(int out_fd, int in_fd, off64_t *offset, size_t count)
+{
+    struct io_target t;
+    target_of(out_fd, &t);
+    if (!t.sdp && !t.inherited && !t.dg) {
+        target_done(&t);
+        return RS_REAL(sendfile64)(out_fd, in_fd, offset, count);
+    }
+    ssize_t r;
+    if (t.dg) {
+        target_done(&t);
+        return rs_ret(-EINVAL);     /* as Linux for a datagram socket that is not connected; see docs */
+    }
+    r = t.inherited ? -EBADF : sendfile_sdp(&t, in_fd, offset, count);
+    target_done(&t);
+    return rs_ret(r);
+}
+
+RS_EXPORT ssize_t sendfile(int out_fd, int in_fd, off_t *offset, size_t count)
+{
+    if (!offset)
+        return sendfile64(out_fd, in_fd, NULL, count);
+    off64_t o = *offset;
+    ssize_t r = sendfile64(out_fd, in_fd, &o, count);
+    if (r >= 0)
+        *offset = (off_t)o;
+    return r;
+}
+
+/* ---- glibc's fortified variants (_FORTIFY_SOURCE) ---- */
+
+extern void __chk_fail(void) __attribute__((noreturn));
+ssize_t __read_chk(int fd, void *buf, size_t len, size_t buflen);
+ssize_t __recv_chk(int fd, void *buf, size_t len, size_t buflen, int flags);
+ssize_t __recvfrom_chk(int fd, void *buf, size_t len, size_t buflen, int flags, struct sockaddr *from,
+                       socklen_t *fromlen);
+
+RS_EXPORT ssize_t __read_chk(int fd, void *buf, size_t len, size_t buflen)
+{
+    if (len > buflen)
+        __chk_fail();
+    return read(fd, buf, len);
+}
+
+RS_EXPORT ssize_t __recv_chk(int fd, void *buf, size_t len, size_t buflen, int flags)
+{
+    if (len > buflen)
+        __chk_fail();
+    return recv(fd, buf, len, flags);
+}
+
+RS_EXPORT ssize_t __recvfrom_chk(int fd, void *buf, size_t len, size_t buflen, int flags, struct sockaddr *from,
+                                 socklen_t *fromlen)
+{
+    if (len > buflen)
+        __chk_fail();
+    return recvfrom(fd, buf, len, flags, from, fromlen);
+}

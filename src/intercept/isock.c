@@ -1,0 +1,987 @@
+/*
+ * isock.c: the intercepted socket: which path it takes and why, how it falls back, how waiters sleep on it, and
+ * what fork and exec do to it. The interposed calls that drive it are in sock_calls.c and io_calls.c.
+ *
+ * Paths of a TCP socket (decided at listen or connect, never earlier, because the rules match addresses):
+ *   connect  kernel rule -> kernel connect. rdma/both -> SDP connect to the same address and port in the RNIC's
+ *            port space (rdma_cm's own port space on verbs; the soft RNIC's shifted TCP ports with a listener
+ *            greeting, docs/rnic-rc.md), so no byte of ours reaches a peer that does not run rdmasock. If that
+ *            fails (refused, unreachable, timed out, not an rdmasock peer, no RNIC) a both rule connects the
+ *            kernel socket instead; a nonblocking connect does so when its outcome is learnt (poll, SO_ERROR,
+ *            a second connect, I/O), and the wait fds change (generation).
+ *   listen   kernel rule -> kernel listen. both -> kernel listen AND an SDP listener on the same port, so plain
+ *            TCP clients and rdmasock clients are both served. rdma -> SDP listener only.
+ * A UDP socket is adopted by the datagram layer when a rule may send some of its peers to RDMA; the datagram layer
+ * then decides per peer.
+ *
+ * Fork: RNIC state (QPs, the progress thread) stays with the process that created it. In the child, inherited SDP
+ * connections answer EBADF (the SDP layer's epoch check); listeners go dormant in BOTH processes: the parent
+ * closes its SDP listener, and whichever process next waits on or accepts from the listener creates a new one
+ * (several prefork children each get one; the soft RNIC spreads connections with SO_REUSEPORT). A pre-forking
+ * parent that never accepts thus never holds RDMA connections nobody will serve.
+ */
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/log.h"
+#include "common/stats.h"
+#include "intercept/isock_int.h"
+#include "intercept/libc.h"
+#include "intercept/signals.h"
+#include "rnic/rnic.h"
+
+static uint32_t fork_generation;
+
+uint32_t rs_isock_fork_generation(void) { return __atomic_load_n(&fork_generation, __ATOMIC_ACQUIRE); }
+
+/* ---- addresses ---- */
+
+socklen_t rs_addr_unmap(const struct sockaddr *in, socklen_t len, struct sockaddr_storage *out)
+{
+    memset(out, 0, sizeof(*out));
+    if (in->sa_family == AF_INET6 && len >= sizeof(struct sockaddr_in6)) {
+        const struct sockaddr_in6 *a6 = (const struct sockaddr_in6 *)in;
+        if (IN6_IS_ADDR_V4MAPPED(&a6->sin6_addr)) {
+            struct sockaddr_in *a4 = (struct sockaddr_in *)out;
+            a4->sin_family = AF_INET;
+            a4->sin_port = a6->sin6_port;
+            memcpy(&a4->sin_addr, &a6->sin6_addr.s6_addr[12], 4);
+            return sizeof(*a4);
+        }
+        memcpy(out, in, sizeof(struct sockaddr_in6));
+        return sizeof(struct sockaddr_in6);
+    }
+    if (in->sa_family == AF_INET && len >= sizeof(struct sockaddr_in)) {
+        memcpy(out, in, sizeof(struct sockaddr_in));
+        return sizeof(struct sockaddr_in);
+    }
+    return 0;
+}
+
+socklen_t rs_addr_to_family(int family, const struct sockaddr *in, socklen_t len, struct sockaddr_storage *out)
+{
+    memset(out, 0, sizeof(*out));
+    if (family == AF_INET6 && in->sa_family == AF_INET && len >= sizeof(struct sockaddr_in)) {
+        const struct sockaddr_in *a4 = (const struct sockaddr_in *)in;
+        struct sockaddr_in6 *a6 = (struct sockaddr_in6 *)out;
+        a6->sin6_family = AF_INET6;
+        a6->sin6_port = a4->sin_port;
+        a6->sin6_addr.s6_addr[10] = 0xff;
+        a6->sin6_addr.s6_addr[11] = 0xff;
+        memcpy(&a6->sin6_addr.s6_addr[12], &a4->sin_addr, 4);
+        return sizeof(*a6);
+    }
+    socklen_t n = len < sizeof(*out) ? len : (socklen_t)sizeof(*out);
+    memcpy(out, in, n);
+    return n;
+}
+
+void rs_addr_copy_out(const struct sockaddr_storage *a, socklen_t alen, struct sockaddr *out, socklen_t *len)
+{
+    if (!out || !len)
+        return;
+    memcpy(out, a, alen < *len ? alen : *len);
+    *len = alen;
+}
+
+static bool is_wildcard(const struct sockaddr_storage *a)
+{
+    if (a->ss_family == AF_INET)
+        return ((const struct sockaddr_in *)a)->sin_addr.s_addr == htonl(INADDR_ANY);
+    if (a->ss_family == AF_INET6)
+        return IN6_IS_ADDR_UNSPECIFIED(&((const struct sockaddr_in6 *)a)->sin6_addr);
+    return true;
+}
+
+/* ---- object ---- */
+
+static void isock_destroy(struct rs_fd_obj *obj)
+{
+    struct rs_isock *s = (struct rs_isock *)obj;
+    /* Objects inherited across fork belong to the parent's RNIC state: the child leaves them alone. */
+    bool mine = s->owner == getpid();
+    /* The notification fds close when the lower layer frees its socket, which may be later (an orphaned SDP
+     * connection finishing its close): stop guarding the numbers now, before they can be reused. */
+    if (s->sdp && mine) {
+        rs_fd_unmark_internal(rs_sdp_fd(s->sdp));
+        rs_sdp_release(s->sdp);
+    }
+    if (s->dg && mine) {
+        rs_fd_unmark_internal(rs_dgram_fd(s->dg));
+        rs_dgram_release(s->dg);
+    }
+    rs_stats_slot_release(s->stats_slot);
+    pthread_mutex_destroy(&s->lock);
+    free(s);
+}
+
+struct rs_isock *rs_isock_get(int fd)
+{
+    return (struct rs_isock *)rs_fd_get_type(fd, RS_FD_SOCK);
+}
+
+void rs_isock_put(struct rs_isock *s)
+{
+    if (s)
+        rs_fd_obj_put(&s->obj);
+}
+
+struct rs_fd_obj *rs_isock_obj(struct rs_isock *s) { return &s->obj; }
+
+uint32_t rs_isock_generation(struct rs_isock *s) { return __atomic_load_n(&s->generation, __ATOMIC_ACQUIRE); }
+
+static void bump_generation(struct rs_isock *s) { __atomic_add_fetch(&s->generation, 1, __ATOMIC_ACQ_REL); }
+
+/* True when some rule may put a UDP socket of this program on RDMA (else UDP sockets are never tracked). */
+static bool udp_may_convert(void)
+{
+    const struct rs_policy *p = rs_policy_get();
+    if (p->kernel_only || !p->config)
+        return false;
+    for (size_t i = 0; i < p->config->n_rules; i++) {
+        const struct rs_rule *r = &p->config->rules[i];
+        if (r->proto == RS_PROTO_UDP && r->mode != RS_MODE_KERNEL)
+            return true;
+    }
+    return false;
+}
+
+static int rnic_kind_for(const struct rs_rule *rule)
+{
+    enum rs_transport t = rule && rule->transport != RS_TRANSPORT_AUTO ? rule->transport : rs_policy_get()->transport;
+    if (t == RS_TRANSPORT_SOFT)
+        return RS_RNIC_KIND_SOFT;
+    if (t == RS_TRANSPORT_VERBS)
+        return RS_RNIC_KIND_VERBS;
+    return 0;
+}
+
+static void dgram_attach(struct rs_isock *s, int fd)
+{
+    static struct rs_dgram_config_policy cfg_policy;
+    const struct rs_policy *p = rs_policy_get();
+    cfg_policy.cfg = p->config;
+    cfg_policy.program = p->program;
+    struct rs_dgram_opts opts;
+    rs_dgram_default_opts(&opts);
+    opts.policy = rs_dgram_config_policy;
+    opts.policy_arg = &cfg_policy;
+    opts.rnic_kind = rnic_kind_for(NULL);
+    /* The datagram layer reads the socket from the RNIC's thread until it is closed: give it a name of its own,
+     * so the application's close/dup2 on its fd number never pulls the socket from under it. */
+    int priv = RS_REAL(fcntl)(fd, F_DUPFD_CLOEXEC, 64);
+    if (priv < 0)
+        return;
+    struct rs_dgram_sock *dg;
+    int r = rs_dgram_attach(priv, &opts, &dg);
+    if (r != 0) {
+        RS_LOG_ONCE(RS_LOG_WARN, "UDP socket stays on the kernel: datagram layer: %s", strerror(-r));
+        RS_REAL(close)(priv);
+        return;
+    }
+    rs_fd_mark_internal(priv);
+    rs_fd_mark_internal(rs_dgram_fd(dg));
+    rs_dgram_hold(dg);
+    s->dg = dg;
+    s->dg_fd = priv;
+    RS_STATS_ADD(sockets_rdma[RS_STATS_PROTO_UDP], 1);
+    s->stats_slot = rs_stats_slot_acquire(fd, RS_STATS_PROTO_UDP);
+    rs_stats_slot_set_role(s->stats_slot, RS_STATS_ROLE_DATAGRAM);
+    rs_stats_slot_set_path(s->stats_slot, RS_STATS_PATH_RDMA, RS_REASON_RULE_RDMA);
+    __atomic_store_n(&s->path, RS_IPATH_DGRAM, __ATOMIC_RELEASE);
+}
+
+struct rs_isock *rs_isock_create(int fd, int family, int type, int protocol)
+{
+    int base = type & ~(SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (family != AF_INET && family != AF_INET6)
+        return NULL;
+    bool stream = base == SOCK_STREAM && (protocol == 0 || protocol == IPPROTO_TCP);
+    bool dgram = base == SOCK_DGRAM && (protocol == 0 || protocol == IPPROTO_UDP);
+    if (!stream && !dgram)
+        return NULL;
+    if (rs_policy_get()->kernel_only)
+        return NULL;
+    if (dgram && !udp_may_convert())
+        return NULL;
+    struct rs_isock *s = calloc(1, sizeof(*s));
+    if (!s)
+        return NULL;
+    rs_fd_obj_init(&s->obj, RS_FD_SOCK, isock_destroy);
+    pthread_mutex_init(&s->lock, NULL);
+    s->family = family;
+    s->type = base;
+    s->protocol = protocol;
+    s->nfds = 1;
+    s->owner = getpid();
+    s->dg_fd = -1;
+    s->stats_slot = -1;
+    s->path = RS_IPATH_UNDECIDED;
+    RS_STATS_ADD(sockets_seen[dgram ? RS_STATS_PROTO_UDP : RS_STATS_PROTO_TCP], 1);
+    if (dgram) {
+        dgram_attach(s, fd);
+        if (!s->dg) {
+            rs_fd_obj_put(&s->obj);
+            return NULL;
+        }
+    }
+    int err;
+    struct rs_fd_obj *old = rs_fd_set(fd, &s->obj, &err);
+    rs_fd_obj_put(old);
+    rs_fd_obj_put(&s->obj);         /* the table holds it now */
+    if (err != 0)
+        return NULL;
+    return s;
+}
+
+int rs_isock_install(struct rs_isock *s, int fd)
+{
+    int err;
+    __atomic_add_fetch(&s->nfds, 1, __ATOMIC_ACQ_REL);
+    struct rs_fd_obj *old = rs_fd_set(fd, &s->obj, &err);
+    if (err != 0) {
+        __atomic_sub_fetch(&s->nfds, 1, __ATOMIC_ACQ_REL);
+        return err;
+    }
+    if (old && old->type == RS_FD_SOCK && old != &s->obj)
+        __atomic_sub_fetch(&((struct rs_isock *)old)->nfds, 1, __ATOMIC_ACQ_REL);
+    rs_fd_obj_put(old);
+    return 0;
+}
+
+int rs_isock_last_close(struct rs_isock *s)
+{
+    rs_wait_isock_closed(s);
+    pthread_mutex_lock(&s->lock);
+    int r = 0;
+    if (s->sdp && s->owner == getpid())
+        r = rs_sdp_close(s->sdp);
+    if (s->dg) {
+        rs_dgram_close(s->dg);
+        rs_fd_unmark_internal(s->dg_fd);
+        RS_REAL(close)(s->dg_fd);
+        s->dg_fd = -1;
+    }
+    rs_stats_slot_set_state(s->stats_slot, RS_STATS_STATE_CLOSED);
+    pthread_mutex_unlock(&s->lock);
+    return r == -EWOULDBLOCK ? 0 : r;
+}
+
+void rs_isock_save_opt(struct rs_isock *s, int level, int name, const void *val, socklen_t len)
+{
+    if (len > sizeof(s->saved[0].val) || !val)
+        return;
+    pthread_mutex_lock(&s->lock);
+    int i;
+    for (i = 0; i < s->n_saved; i++)
+        if (s->saved[i].level == level && s->saved[i].name == name)
+            break;
+    if (i < RS_ISOCK_SAVED_OPTS) {
+        s->saved[i].level = level;
+        s->saved[i].name = name;
+        s->saved[i].len = len;
+        memcpy(s->saved[i].val, val, len);
+        if (i == s->n_saved)
+            s->n_saved++;
+    }
+    pthread_mutex_unlock(&s->lock);
+}
+
+void rs_isock_set_stats_io(struct rs_isock *s, size_t tx, size_t rx)
+{
+    int proto = s->type == SOCK_DGRAM ? RS_STATS_PROTO_UDP : RS_STATS_PROTO_TCP;
+    if (tx) {
+        RS_STATS_ADD(rdma_bytes_tx[proto], tx);
+        RS_STATS_ADD(rdma_msgs_tx[proto], 1);
+    }
+    if (rx) {
+        RS_STATS_ADD(rdma_bytes_rx[proto], rx);
+        RS_STATS_ADD(rdma_msgs_rx[proto], 1);
+    }
+    if (s->stats_slot >= 0)
+        rs_stats_slot_add_io(s->stats_slot, tx, rx, tx ? 1 : 0, rx ? 1 : 0);
+}
+
+/* ---- the SDP side ---- */
+
+static void apply_interest(struct rs_isock *s, int sign)
+{
+    static const unsigned bits[4] = { POLLIN, POLLOUT, POLLRDHUP, POLLPRI };
+    for (int i = 0; i < 4; i++) {
+        if (!s->interest[i])
+            continue;
+        if (s->sdp)
+            rs_sdp_interest(s->sdp, bits[i], sign * (int)s->interest[i]);
+        else if (s->dg)
+            rs_dgram_interest(s->dg, bits[i], sign * (int)s->interest[i]);
+    }
+}
+
+/* Creates the SDP socket for s with the application's options and the rule's stream settings. */
+static int make_sdp(struct rs_isock *s, int fd, int family, bool nonblock, struct rs_sdp_sock **out)
+{
+    struct rs_sdp_sock *sdp;
+    int r = rs_sdp_socket(family, rnic_kind_for(s->rule), nonblock ? RS_SDP_NONBLOCK : 0, &sdp);
+    if (r != 0)
+        return r;
+    for (int i = 0; i < s->n_saved; i++) {
+        r = rs_sdp_setsockopt(sdp, s->saved[i].level, s->saved[i].name, s->saved[i].val, s->saved[i].len);
+        if (r != 0 && r != -ENOPROTOOPT)
+            RS_DEBUG("fd %d: option %d/%d not applied to the SDP socket: %s", fd, s->saved[i].level,
+                     s->saved[i].name, strerror(-r));
+    }
+    if (s->rule) {
+        int threshold = -1;
+        if (s->rule->stream == RS_STREAM_BCOPY)
+            threshold = 0;
+        else if (s->rule->zcopy_threshold != RS_CONFIG_DEFAULT_ZCOPY_THRESHOLD)
+            threshold = (int)s->rule->zcopy_threshold;
+        if (threshold >= 0)
+            (void)rs_sdp_setsockopt(sdp, RS_SOL_SDP, RS_SDP_ZCOPY_THRESHOLD, &threshold, sizeof(threshold));
+    }
+    *out = sdp;
+    return 0;
+}
+
+/* Publishes sdp as the socket's SDP side (lock held). */
+static void attach_sdp(struct rs_isock *s, struct rs_sdp_sock *sdp, enum rs_isock_path path)
+{
+    rs_sdp_hold(sdp);
+    s->sdp = sdp;
+    s->owner = getpid();
+    rs_fd_mark_internal(rs_sdp_fd(sdp));
+    apply_interest(s, +1);
+    __atomic_store_n(&s->path, path, __ATOMIC_RELEASE);
+    bump_generation(s);
+}
+
+/* Drops the SDP side (lock held): the application no longer reaches it. */
+static void detach_sdp(struct rs_isock *s, bool close_it)
+{
+    if (!s->sdp)
+        return;
+    if (s->owner == getpid()) {
+        apply_interest(s, -1);
+        rs_fd_unmark_internal(rs_sdp_fd(s->sdp));
+        if (close_it)
+            rs_sdp_close(s->sdp);
+    }
+    rs_sdp_release(s->sdp);
+    s->sdp = NULL;
+    bump_generation(s);
+}
+
+static void stats_decided(struct rs_isock *s, int fd, enum rs_stats_role role, enum rs_stats_path path,
+                          enum rs_reason reason)
+{
+    if (s->stats_slot < 0)
+        s->stats_slot = rs_stats_slot_acquire(fd, RS_STATS_PROTO_TCP);
+    s->reason = reason;
+    RS_STATS_ADD(decisions[reason], 1);
+    if (path == RS_STATS_PATH_RDMA)
+        RS_STATS_ADD(sockets_rdma[RS_STATS_PROTO_TCP], 1);
+    else
+        RS_STATS_ADD(sockets_kernel[RS_STATS_PROTO_TCP], 1);
+    if (path == RS_STATS_PATH_FALLBACK)
+        RS_STATS_ADD(fallbacks[reason], 1);
+    rs_stats_slot_set_role(s->stats_slot, role);
+    rs_stats_slot_set_path(s->stats_slot, path, reason);
+    if (s->rule && s->rule->qos_index >= 0)
+        rs_stats_slot_set_qos(s->stats_slot, (unsigned)s->rule->qos_index);
+}
+
+static enum rs_reason reason_for_error(int err)
+{
+    switch (err) {
+    case ECONNREFUSED:
+        return RS_REASON_PEER_REJECTED;
+    case ETIMEDOUT:
+        return RS_REASON_TIMEOUT;
+    case EHOSTUNREACH:
+    case ENETUNREACH:
+        return RS_REASON_PEER_UNREACHABLE;
+    case EPROTO:
+        return RS_REASON_PEER_NOT_RDMASOCK;
+    case ENODEV:
+    case ENXIO:
+    case EADDRNOTAVAIL:
+        return RS_REASON_NO_DEVICE;
+    case ENOMEM:
+    case ENOBUFS:
+    case EMFILE:
+        return RS_REASON_RESOURCE_EXHAUSTED;
+    default:
+        return RS_REASON_INTERNAL_ERROR;
+    }
+}
+
+/* ---- listen / accept ---- */
+
+/* Starts the SDP listener on the kernel socket's address (lock held). */
+static int start_sdp_listener(struct rs_isock *s, int fd)
+{
+    struct sockaddr_storage local;
+    socklen_t llen = sizeof(local);
+    if (RS_REAL(getsockname)(fd, (struct sockaddr *)&local, &llen) != 0)
+        return -errno;
+    struct sockaddr_storage rdma;
+    socklen_t rlen = rs_addr_unmap((struct sockaddr *)&local, llen, &rdma);
+    /* An AF_INET6 socket on :: also serves IPv4 clients (unless IPV6_V6ONLY): the SDP listener follows the socket's
+     * family, and the RNIC's IPv6 wildcard listener accepts IPv4 as the kernel's does. */
+    struct rs_sdp_sock *sdp;
+    int r = make_sdp(s, fd, rdma.ss_family, true, &sdp);
+    if (r == 0)
+        r = rs_sdp_bind(sdp, (struct sockaddr *)&rdma, rlen);
+    if (r == 0)
+        r = rs_sdp_listen(sdp, s->backlog);
+    if (r != 0) {
+        if (sdp)
+            rs_sdp_close(sdp);
+        return r;
+    }
+    attach_sdp(s, sdp, RS_IPATH_LISTEN);
+    s->dormant = false;
+    memcpy(&s->local, &local, llen);
+    s->local_len = llen;
+    return 0;
+}
+
+int rs_isock_listen(struct rs_isock *s, int fd, int backlog)
+{
+    pthread_mutex_lock(&s->lock);
+    enum rs_isock_path path = s->path;
+    if (path == RS_IPATH_LISTEN || path == RS_IPATH_KERNEL || path == RS_IPATH_SDP) {
+        /* A second listen() only changes the backlog; on anything but a listener the kernel answers. */
+        int r = 0;
+        if (path != RS_IPATH_LISTEN || s->kernel_listening)
+            r = RS_REAL(listen)(fd, backlog) == 0 ? 0 : -errno;
+        if (r == 0 && path == RS_IPATH_LISTEN && s->sdp)
+            r = rs_sdp_listen(s->sdp, backlog);
+        pthread_mutex_unlock(&s->lock);
+        return r;
+    }
+    struct sockaddr_storage local;
+    socklen_t llen = sizeof(local);
+    if (RS_REAL(getsockname)(fd, (struct sockaddr *)&local, &llen) != 0) {
+        int e = errno;
+        pthread_mutex_unlock(&s->lock);
+        return -e;
+    }
+    struct rs_decision d = rs_policy_decide(RS_PROTO_TCP, RS_ROLE_SERVER, (struct sockaddr *)&local);
+    s->rule = d.rule;
+    s->mode = d.mode;
+    s->backlog = backlog;
+    if (d.mode == RS_MODE_KERNEL) {
+        int r = RS_REAL(listen)(fd, backlog) == 0 ? 0 : -errno;
+        if (r == 0) {
+            __atomic_store_n(&s->path, RS_IPATH_KERNEL, __ATOMIC_RELEASE);
+            stats_decided(s, fd, RS_STATS_ROLE_LISTENER, RS_STATS_PATH_KERNEL, d.reason);
+        }
+        pthread_mutex_unlock(&s->lock);
+        return r;
+    }
+    /* The kernel socket always gets a port (an explicit bind, or the one listen would pick), so the application's
+     * getsockname and the SDP listener agree on it. */
+    if (d.mode == RS_MODE_BOTH || ((struct sockaddr_in *)&local)->sin_port == 0) {
+        if (RS_REAL(listen)(fd, backlog) != 0) {
+            int e = errno;
+            pthread_mutex_unlock(&s->lock);
+            return -e;
+        }
+        s->kernel_listening = true;
+    }
+    int r = start_sdp_listener(s, fd);
+    if (r != 0) {
+        if (d.mode == RS_MODE_RDMA) {
+            RS_ERROR("fd %d: RDMA listener failed (%s) and the rule allows no kernel listener",
+                   fd, strerror(-r));
+            pthread_mutex_unlock(&s->lock);
+            return r;
+        }
+        RS_LOG_ONCE(RS_LOG_WARN, "fd %d: RDMA listener failed (%s): serving kernel TCP clients only", fd,
+                    strerror(-r));
+        __atomic_store_n(&s->path, RS_IPATH_KERNEL, __ATOMIC_RELEASE);
+        stats_decided(s, fd, RS_STATS_ROLE_LISTENER, RS_STATS_PATH_FALLBACK, reason_for_error(-r));
+        pthread_mutex_unlock(&s->lock);
+        return 0;
+    }
+    stats_decided(s, fd, RS_STATS_ROLE_LISTENER, RS_STATS_PATH_RDMA, d.reason);
+    rs_stats_slot_set_state(s->stats_slot, RS_STATS_STATE_LISTENING);
+    rs_stats_slot_set_addresses(s->stats_slot, (struct sockaddr *)&local, llen, NULL, 0);
+    pthread_mutex_unlock(&s->lock);
+    return 0;
+}
+
+void rs_isock_revive(struct rs_isock *s, int fd)
+{
+    if (!__atomic_load_n(&s->dormant, __ATOMIC_ACQUIRE))
+        return;
+    pthread_mutex_lock(&s->lock);
+    if (s->dormant) {
+        s->dormant = false;
+        int r = start_sdp_listener(s, fd);
+        if (r != 0) {
+            RS_LOG_ONCE(RS_LOG_WARN, "fd %d: RDMA listener not recreated after fork (%s)%s", fd, strerror(-r),
+                        s->kernel_listening ? ": serving kernel TCP clients only" : "");
+            bump_generation(s);
+        }
+    }
+    pthread_mutex_unlock(&s->lock);
+}
+
+/* A new application fd for an accepted SDP connection: a kernel socket that never connects stands for it. */
+static int install_accepted(struct rs_isock *l, struct rs_sdp_sock *sdp, int flags, const struct sockaddr_storage *peer,
+                            socklen_t peer_len)
+{
+    int fd = RS_REAL(socket)(l->family, SOCK_STREAM | (flags & (SOCK_NONBLOCK | SOCK_CLOEXEC)), 0);
+    if (fd < 0)
+        return -errno;
+    struct rs_isock *s = calloc(1, sizeof(*s));
+    if (!s) {
+        RS_REAL(close)(fd);
+        return -ENOMEM;
+    }
+    rs_fd_obj_init(&s->obj, RS_FD_SOCK, isock_destroy);
+    pthread_mutex_init(&s->lock, NULL);
+    s->family = l->family;
+    s->type = SOCK_STREAM;
+    s->nfds = 1;
+    s->dg_fd = -1;
+    s->stats_slot = -1;
+    s->rule = l->rule;
+    s->mode = l->mode;
+    s->dst_len = rs_addr_to_family(l->family, (const struct sockaddr *)peer, peer_len, &s->dst);
+    struct sockaddr_storage local;
+    socklen_t llen = sizeof(local);
+    if (rs_sdp_getsockname(sdp, (struct sockaddr *)&local, &llen) == 0 && !is_wildcard(&local))
+        s->local_len = rs_addr_to_family(l->family, (struct sockaddr *)&local, llen, &s->local);
+    else {
+        s->local = l->local;
+        s->local_len = l->local_len;
+    }
+    /* sdp's own reference is the application's handle (rs_sdp_close drops it at the last close); attach_sdp
+     * adds the isock's, which keeps the memory until the isock goes. */
+    attach_sdp(s, sdp, RS_IPATH_SDP);
+    int err;
+    struct rs_fd_obj *old = rs_fd_set(fd, &s->obj, &err);
+    rs_fd_obj_put(old);
+    rs_fd_obj_put(&s->obj);
+    if (err != 0) {
+        rs_sdp_close(sdp);
+        RS_REAL(close)(fd);
+        return err;
+    }
+    stats_decided(s, fd, RS_STATS_ROLE_ACCEPTED, RS_STATS_PATH_RDMA, l->reason);
+    rs_stats_slot_set_state(s->stats_slot, RS_STATS_STATE_CONNECTED);
+    rs_stats_slot_set_addresses(s->stats_slot, (struct sockaddr *)&s->local, s->local_len,
+                                (struct sockaddr *)&s->dst, s->dst_len);
+    return fd;
+}
+
+/* One nonblocking attempt on each side. Returns the new fd, -EAGAIN when neither had a connection, or an error. */
+static int accept_once(struct rs_isock *s, int fd, struct sockaddr *addr, socklen_t *len, int flags)
+{
+    struct rs_sdp_sock *sdp = NULL;
+    pthread_mutex_lock(&s->lock);
+    if (s->sdp && s->path == RS_IPATH_LISTEN) {
+        sdp = s->sdp;
+        rs_sdp_hold(sdp);
+    }
+    bool kernel = s->kernel_listening || s->path == RS_IPATH_KERNEL;
+    pthread_mutex_unlock(&s->lock);
+    if (sdp) {
+        struct rs_sdp_sock *ns;
+        struct sockaddr_storage peer;
+        socklen_t plen = sizeof(peer);
+        int r = rs_sdp_accept(sdp, (flags & SOCK_NONBLOCK) ? RS_SDP_NONBLOCK : 0, &ns, (struct sockaddr *)&peer,
+                              &plen);
+        rs_sdp_release(sdp);
+        if (r == 0) {
+            int nfd = install_accepted(s, ns, flags, &peer, plen);
+            if (nfd >= 0 && addr && len) {
+                struct rs_isock *n = rs_isock_get(nfd);
+                if (n) {
+                    rs_addr_copy_out(&n->dst, n->dst_len, addr, len);
+                    rs_isock_put(n);
+                }
+            }
+            return nfd;
+        }
+        if (r != -EAGAIN)
+            return r;
+    }
+    if (kernel) {
+        struct pollfd p = { .fd = fd, .events = POLLIN };
+        if (sdp && RS_REAL(poll)(&p, 1, 0) <= 0)
+            return -EAGAIN;
+        int nfd = RS_REAL(accept4)(fd, addr, len, flags);
+        return nfd >= 0 ? nfd : -errno;
+    }
+    return -EAGAIN;
+}
+
+int rs_isock_accept(struct rs_isock *s, int fd, struct sockaddr *addr, socklen_t *len, int flags)
+{
+    rs_isock_revive(s, fd);
+    enum rs_isock_path path = rs_isock_path_now(s);
+    if (path != RS_IPATH_LISTEN) {
+        if (path == RS_IPATH_KERNEL || path == RS_IPATH_UNDECIDED) {
+            int nfd = RS_REAL(accept4)(fd, addr, len, flags);
+            return nfd >= 0 ? nfd : -errno;
+        }
+        return -EINVAL;
+    }
+    int fl = RS_REAL(fcntl)(fd, F_GETFL);
+    bool nonblock = fl >= 0 && (fl & O_NONBLOCK);
+    /* SO_RCVTIMEO bounds a blocking accept, as in Linux (the kernel socket holds the application's value). */
+    struct timeval tv = { 0, 0 };
+    socklen_t tvl = sizeof(tv);
+    (void)RS_REAL(getsockopt)(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, &tvl);
+    bool timed = tv.tv_sec || tv.tv_usec;
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    int64_t deadline = (int64_t)now.tv_sec * 1000 + now.tv_nsec / 1000000 + (int64_t)tv.tv_sec * 1000 +
+                       tv.tv_usec / 1000;
+    for (;;) {
+        int r = accept_once(s, fd, addr, len, flags);
+        if (r != -EAGAIN || nonblock)
+            return r;
+        /* Blocking accept: sleep on both sides (rules of isock.h), as a kernel accept sleeps. */
+        int timeout = -1;
+        if (timed) {
+            clock_gettime(CLOCK_MONOTONIC, &now);
+            int64_t left = deadline - ((int64_t)now.tv_sec * 1000 + now.tv_nsec / 1000000);
+            if (left <= 0)
+                return -EAGAIN;
+            timeout = (int)left;
+        }
+        struct pollfd w[RS_ISOCK_WAIT_FDS];
+        struct rs_signal_mark mark;
+        rs_isock_interest(s, POLLIN, +1);
+        int n = rs_isock_wait_fds(s, fd, POLLIN, w);
+        unsigned m = rs_isock_poll(s, fd);
+        rs_signal_mark(&mark);
+        int pr = (m & (POLLIN | POLLERR)) ? 1 : RS_REAL(poll)(w, (nfds_t)n, timeout);
+        int e = errno;
+        rs_isock_interest(s, POLLIN, -1);
+        if (pr < 0 && e == EINTR && (timed || !rs_signal_restart_allowed(&mark)))
+            return -EINTR;
+    }
+}
+
+/* ---- connect and fallback ---- */
+
+static bool may_fall_back(int err)
+{
+    return err != EINTR && err != EAGAIN && err != EINPROGRESS && err != EISCONN && err != EALREADY &&
+           err != EBADF && err != EFAULT;
+}
+
+/* Moves s to the kernel path and starts the kernel connect (lock held). Returns 0, -EINPROGRESS or an error. */
+static int fall_back_connect(struct rs_isock *s, int fd, int why)
+{
+    detach_sdp(s, true);
+    s->connecting = false;
+    __atomic_store_n(&s->path, RS_IPATH_KERNEL, __ATOMIC_RELEASE);
+    stats_decided(s, fd, RS_STATS_ROLE_CLIENT, RS_STATS_PATH_FALLBACK, reason_for_error(why));
+    RS_DEBUG("fd %d: RDMA connect failed (%s): kernel TCP", fd, strerror(why));
+    int r = RS_REAL(connect)(fd, (struct sockaddr *)&s->dst, s->dst_len) == 0 ? 0 : -errno;
+    rs_stats_slot_set_state(s->stats_slot, r == 0 ? RS_STATS_STATE_CONNECTED : RS_STATS_STATE_CONNECTING);
+    return r;
+}
+
+static void connected(struct rs_isock *s, int fd)
+{
+    s->connecting = false;
+    struct sockaddr_storage local;
+    socklen_t llen = sizeof(local);
+    if (rs_sdp_getsockname(s->sdp, (struct sockaddr *)&local, &llen) == 0)
+        s->local_len = rs_addr_to_family(s->family, (struct sockaddr *)&local, llen, &s->local);
+    rs_stats_slot_set_state(s->stats_slot, RS_STATS_STATE_CONNECTED);
+    rs_stats_slot_set_addresses(s->stats_slot, (struct sockaddr *)&s->local, s->local_len,
+                                (struct sockaddr *)&s->dst, s->dst_len);
+    (void)fd;
+}
+
+int rs_isock_connect(struct rs_isock *s, int fd, const struct sockaddr *dst, socklen_t len)
+{
+    pthread_mutex_lock(&s->lock);
+    enum rs_isock_path path = s->path;
+    if (path == RS_IPATH_SDP) {
+        int r = s->connecting ? -EALREADY : -EISCONN;
+        pthread_mutex_unlock(&s->lock);
+        if (r == -EALREADY) {
+            rs_isock_settle_connect(s, fd);
+            pthread_mutex_lock(&s->lock);
+            r = s->path != RS_IPATH_SDP ? -EALREADY : s->connecting ? -EALREADY : -EISCONN;
+            pthread_mutex_unlock(&s->lock);
+        }
+        return r;
+    }
+    if (path != RS_IPATH_UNDECIDED || !dst || len < sizeof(sa_family_t) ||
+        (dst->sa_family != AF_INET && dst->sa_family != AF_INET6)) {
+        pthread_mutex_unlock(&s->lock);
+        return RS_REAL(connect)(fd, dst, len) == 0 ? 0 : -errno;
+    }
+    struct sockaddr_storage rdma;
+    socklen_t rlen = rs_addr_unmap(dst, len, &rdma);
+    if (rlen == 0) {
+        pthread_mutex_unlock(&s->lock);
+        return RS_REAL(connect)(fd, dst, len) == 0 ? 0 : -errno;
+    }
+    struct rs_decision d = rs_policy_decide(RS_PROTO_TCP, RS_ROLE_CLIENT, (struct sockaddr *)&rdma);
+    s->rule = d.rule;
+    s->mode = d.mode;
+    s->dst_len = len < sizeof(s->dst) ? len : (socklen_t)sizeof(s->dst);
+    memcpy(&s->dst, dst, s->dst_len);
+    if (d.mode == RS_MODE_KERNEL) {
+        __atomic_store_n(&s->path, RS_IPATH_KERNEL, __ATOMIC_RELEASE);
+        stats_decided(s, fd, RS_STATS_ROLE_CLIENT, RS_STATS_PATH_KERNEL, d.reason);
+        pthread_mutex_unlock(&s->lock);
+        return RS_REAL(connect)(fd, dst, len) == 0 ? 0 : -errno;
+    }
+    int fl = RS_REAL(fcntl)(fd, F_GETFL);
+    bool nonblock = fl >= 0 && (fl & O_NONBLOCK);
+    struct rs_sdp_sock *sdp = NULL;
+    int r = make_sdp(s, fd, rdma.ss_family, nonblock, &sdp);
+    if (r == 0) {
+        attach_sdp(s, sdp, RS_IPATH_SDP);
+        s->connecting = true;
+        stats_decided(s, fd, RS_STATS_ROLE_CLIENT, RS_STATS_PATH_RDMA, d.reason);
+        rs_stats_slot_set_state(s->stats_slot, RS_STATS_STATE_CONNECTING);
+        /* A blocking connect may take a while: never hold the lock across it. */
+        pthread_mutex_unlock(&s->lock);
+        r = rs_sdp_connect(sdp, (struct sockaddr *)&rdma, rlen);
+        pthread_mutex_lock(&s->lock);
+        if (s->sdp != sdp) {
+            /* Another thread settled or closed it meanwhile. */
+            pthread_mutex_unlock(&s->lock);
+            return r == 0 ? 0 : r;
+        }
+    }
+    if (r == 0) {
+        connected(s, fd);
+    } else if (r == -EINPROGRESS || r == -EINTR) {
+        /* stays connecting */
+    } else if (d.mode == RS_MODE_BOTH && may_fall_back(-r)) {
+        r = fall_back_connect(s, fd, -r);
+    } else {
+        s->connecting = false;
+        rs_stats_slot_set_state(s->stats_slot, RS_STATS_STATE_ERROR);
+        RS_DEBUG("fd %d: RDMA connect failed (%s) and the rule allows no kernel fallback", fd, strerror(-r));
+    }
+    pthread_mutex_unlock(&s->lock);
+    return r;
+}
+
+void rs_isock_settle_connect(struct rs_isock *s, int fd)
+{
+    if (!__atomic_load_n(&s->connecting, __ATOMIC_ACQUIRE))
+        return;
+    pthread_mutex_lock(&s->lock);
+    if (s->connecting && s->sdp) {
+        unsigned m = rs_sdp_poll(s->sdp);
+        if (m & POLLERR) {
+            int err = 0;
+            socklen_t el = sizeof(err);
+            rs_sdp_getsockopt(s->sdp, SOL_SOCKET, SO_ERROR, &err, &el);
+            if (s->mode == RS_MODE_BOTH && err && may_fall_back(err)) {
+                int r = fall_back_connect(s, fd, err);
+                if (r != 0 && r != -EINPROGRESS)
+                    s->pending_error = -r;
+            } else {
+                s->connecting = false;
+                s->pending_error = err ? err : ECONNREFUSED;
+            }
+        } else if (m & POLLOUT) {
+            connected(s, fd);
+        }
+    }
+    pthread_mutex_unlock(&s->lock);
+}
+
+/* ---- waiting ---- */
+
+static int interest_index(unsigned bit)
+{
+    switch (bit) {
+    case POLLIN:
+        return 0;
+    case POLLOUT:
+        return 1;
+    case POLLRDHUP:
+        return 2;
+    default:
+        return 3;
+    }
+}
+
+void rs_isock_interest(struct rs_isock *s, unsigned events, int delta)
+{
+    pthread_mutex_lock(&s->lock);
+    static const unsigned bits[4] = { POLLIN, POLLOUT, POLLRDHUP, POLLPRI };
+    for (int i = 0; i < 4; i++) {
+        if (!(events & bits[i]))
+            continue;
+        unsigned *c = &s->interest[interest_index(bits[i])];
+        if (delta < 0 && *c < (unsigned)-delta)
+            continue;       /* unbalanced removal: ignore rather than wrap */
+        *c += (unsigned)delta;
+        if (s->sdp && s->owner == getpid())
+            rs_sdp_interest(s->sdp, bits[i], delta);
+        else if (s->dg)
+            rs_dgram_interest(s->dg, bits[i], delta);
+    }
+    pthread_mutex_unlock(&s->lock);
+}
+
+int rs_isock_wait_fds(struct rs_isock *s, int fd, unsigned events, struct pollfd out[RS_ISOCK_WAIT_FDS])
+{
+    rs_isock_revive(s, fd);
+    rs_isock_settle_connect(s, fd);
+    memset(out, 0, sizeof(struct pollfd) * RS_ISOCK_WAIT_FDS);
+    int n = 0;
+    pthread_mutex_lock(&s->lock);
+    switch (s->path) {
+    case RS_IPATH_DGRAM:
+        out[n].fd = rs_dgram_fd(s->dg);
+        out[n++].events = POLLIN;
+        break;
+    case RS_IPATH_SDP:
+        if (s->sdp && s->owner == getpid()) {
+            out[n].fd = rs_sdp_fd(s->sdp);
+            out[n++].events = POLLIN;
+        } else {
+            out[n].fd = fd;                 /* inherited across fork: the kernel answers (POLLHUP) */
+            out[n++].events = (short)events;
+        }
+        break;
+    case RS_IPATH_LISTEN:
+        if (s->sdp) {
+            out[n].fd = rs_sdp_fd(s->sdp);
+            out[n++].events = POLLIN;
+        }
+        if (s->kernel_listening) {
+            out[n].fd = fd;
+            out[n++].events = POLLIN;
+        }
+        break;
+    default:
+        out[n].fd = fd;
+        out[n++].events = (short)events;
+        break;
+    }
+    pthread_mutex_unlock(&s->lock);
+    return n;
+}
+
+static unsigned kernel_mask(int fd, unsigned events)
+{
+    struct pollfd p = { .fd = fd, .events = (short)(events | POLLIN | POLLOUT | POLLRDHUP | POLLPRI) };
+    return RS_REAL(poll)(&p, 1, 0) > 0 ? (unsigned)(unsigned short)p.revents : 0;
+}
+
+unsigned rs_isock_poll(struct rs_isock *s, int fd)
+{
+    rs_isock_revive(s, fd);
+    rs_isock_settle_connect(s, fd);
+    enum rs_isock_path path = rs_isock_path_now(s);
+    switch (path) {
+    case RS_IPATH_DGRAM:
+        return rs_dgram_poll(s->dg);
+    case RS_IPATH_SDP: {
+        pthread_mutex_lock(&s->lock);
+        struct rs_sdp_sock *sdp = s->sdp && s->owner == getpid() ? s->sdp : NULL;
+        if (sdp)
+            rs_sdp_hold(sdp);
+        unsigned pending = s->pending_error ? POLLERR : 0;
+        pthread_mutex_unlock(&s->lock);
+        if (!sdp)
+            return kernel_mask(fd, 0) | pending;
+        unsigned m = rs_sdp_poll(sdp);
+        rs_sdp_release(sdp);
+        return (m & ~POLLNVAL) | pending;
+    }
+    case RS_IPATH_LISTEN: {
+        unsigned m = 0;
+        pthread_mutex_lock(&s->lock);
+        struct rs_sdp_sock *sdp = s->sdp;
+        if (sdp)
+            rs_sdp_hold(sdp);
+        bool kernel = s->kernel_listening;
+        pthread_mutex_unlock(&s->lock);
+        if (sdp) {
+            m |= rs_sdp_poll(sdp) & (POLLIN | POLLERR);
+            rs_sdp_release(sdp);
+        }
+        if (kernel)
+            m |= kernel_mask(fd, POLLIN) & (POLLIN | POLLERR);
+        return m;
+    }
+    default: {
+        unsigned m = kernel_mask(fd, 0);
+        if (s->pending_error)
+            m |= POLLERR;
+        return m;
+    }
+    }
+}
+
+/* ---- fork and exec ---- */
+
+static void fork_visit(int fd, struct rs_fd_obj *obj, void *arg)
+{
+    bool child = *(bool *)arg;
+    if (obj->type != RS_FD_SOCK)
+        return;
+    struct rs_isock *s = (struct rs_isock *)obj;
+    if (child)
+        pthread_mutex_init(&s->lock, NULL);     /* a parent thread may have held it at the fork */
+    if (s->path != RS_IPATH_LISTEN || !s->sdp)
+        return;
+    (void)fd;
+    /* Listeners go dormant in both processes (see the top of this file). In the child the SDP object belongs to
+     * the parent: forget it without touching it. */
+    pthread_mutex_lock(&s->lock);
+    if (s->sdp) {
+        if (child) {
+            s->sdp = NULL;      /* the parent's; its memory is the parent's copy, never used here */
+            bump_generation(s);
+        } else {
+            detach_sdp(s, true);
+        }
+        s->dormant = true;
+    }
+    pthread_mutex_unlock(&s->lock);
+}
+
+void rs_isock_fork_prepare(void) {}
+
+void rs_isock_fork_parent(void)
+{
+    bool child = false;
+    if (rs_fd_any(RS_FD_SOCK))
+        rs_fd_for_each(fork_visit, &child);
+    __atomic_add_fetch(&fork_generation, 1, __ATOMIC_ACQ_REL);
+}
+
+void rs_isock_fork_child(void)
+{
+    bool child = true;
+    if (rs_fd_any(RS_FD_SOCK))
+        rs_fd_for_each(fork_visit, &child);
+    __atomic_add_fetch(&fork_generation, 1, __ATOMIC_ACQ_REL);
+}
+
+void rs_isock_before_exec(void)
+{
+    /* The new image starts without rdmasock state; its own preload (if any) creates a fresh statistics area
+     * under the same pid, so this one must go first. Converted sockets that survive the exec (no CLOEXEC) become
+     * the unconnected kernel sockets that stand for them: documented in docs/interception.md. */
+    rs_stats_close();
+}
+
+void rs_isock_exec_failed(void) {}
