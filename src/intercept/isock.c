@@ -270,6 +270,27 @@ int rs_isock_last_close(struct rs_isock *s)
     return r == -EWOULDBLOCK ? 0 : r;
 }
 
+bool rs_isock_untrack_if_kernel(struct rs_isock *s, int fd)
+{
+    if (rs_isock_path_now(s) != RS_IPATH_KERNEL || s->reason != RS_REASON_RULE_KERNEL ||
+        __atomic_load_n(&s->nfds, __ATOMIC_ACQUIRE) != 1 || __atomic_load_n(&s->seen_by_waiter, __ATOMIC_ACQUIRE))
+        return false;
+    struct rs_fd_obj *obj = rs_fd_clear(fd);
+    if (obj != &s->obj) {
+        /* Someone replaced the entry meanwhile (a racing dup2): put it back as it was. */
+        if (obj) {
+            struct rs_fd_obj *prev = rs_fd_set(fd, obj, NULL);
+            rs_fd_obj_put(prev);
+            rs_fd_obj_put(obj);
+        }
+        return false;
+    }
+    __atomic_store_n(&s->nfds, 0, __ATOMIC_RELEASE);
+    rs_stats_slot_set_state(s->stats_slot, RS_STATS_STATE_CONNECTED);
+    rs_fd_obj_put(obj);
+    return true;
+}
+
 void rs_isock_save_opt(struct rs_isock *s, int level, int name, const void *val, socklen_t len)
 {
     if (len > sizeof(s->saved[0].val) || !val)
@@ -840,6 +861,7 @@ void rs_isock_interest(struct rs_isock *s, unsigned events, int delta)
 
 int rs_isock_wait_fds(struct rs_isock *s, int fd, unsigned events, struct pollfd out[RS_ISOCK_WAIT_FDS])
 {
+    __atomic_store_n(&s->seen_by_waiter, true, __ATOMIC_RELEASE);
     rs_isock_revive(s, fd);
     rs_isock_settle_connect(s, fd);
     memset(out, 0, sizeof(struct pollfd) * RS_ISOCK_WAIT_FDS);

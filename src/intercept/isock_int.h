@@ -63,6 +63,7 @@ struct rs_isock {
     struct rs_saved_opt saved[RS_ISOCK_SAVED_OPTS];
     int n_saved;
 
+    bool seen_by_waiter;                    /* a poll/epoll has looked at it (its registrations name it) */
     unsigned interest[4];                   /* waiters per event: POLLIN, POLLOUT, POLLRDHUP, POLLPRI */
     uint32_t generation;                    /* atomic */
     int stats_slot;
@@ -73,6 +74,13 @@ struct rs_isock {
 struct rs_isock *rs_isock_create(int fd, int family, int type, int protocol);
 /* Installs s at another fd naming the same open file (dup, accept of a converted connection). */
 int rs_isock_install(struct rs_isock *s, int fd);
+
+/*
+ * A socket the rules put on the kernel needs nothing from rdmasock: stop tracking fd so every later call goes
+ * straight to libc (the 1% budget of issue 6). Only when fd is its only name and no waiter registered it, so no
+ * registration is lost. Returns true when untracked.
+ */
+bool rs_isock_untrack_if_kernel(struct rs_isock *s, int fd);
 
 /* Closes the application's last name of s: the SDP/datagram side closes as a kernel socket would. */
 int rs_isock_last_close(struct rs_isock *s);

@@ -63,6 +63,8 @@ RS_EXPORT int listen(int fd, int backlog)
     if (!s)
         return RS_REAL(listen)(fd, backlog);
     int r = s->type == SOCK_STREAM ? rs_isock_listen(s, fd, backlog) : (RS_REAL(listen)(fd, backlog) ? -errno : 0);
+    if (r == 0)
+        rs_isock_untrack_if_kernel(s, fd);
     rs_isock_put(s);
     return (int)rs_ret(r);
 }
@@ -90,8 +92,10 @@ RS_EXPORT int connect(int fd, const struct sockaddr *addr, socklen_t len)
     int r;
     if (rs_isock_path_now(s) == RS_IPATH_DGRAM)
         r = rs_dgram_connect(s->dg, addr, len);
-    else if (s->type == SOCK_STREAM)
+    else if (s->type == SOCK_STREAM) {
         r = rs_isock_connect(s, fd, addr, len);
+        rs_isock_untrack_if_kernel(s, fd);
+    }
     else
         r = RS_REAL(connect)(fd, addr, len) ? -errno : 0;
     rs_isock_put(s);
