@@ -106,11 +106,11 @@ fuzz-build: $(FUZZ_BINS)
 deps-build:
 	@tools/deps.sh build
 deps-check:
-	@tools/deps.sh build check vm
+	@tools/deps.sh build check vm compat
 deps-bench:
 	@tools/deps.sh build bench
 deps-demo:
-	@tools/deps.sh build vm
+	@tools/deps.sh build vm demo
 
 check: deps-check
 	@$(MAKE) --no-print-directory tests fuzz-build
@@ -118,7 +118,7 @@ check: deps-check
 
 demo: deps-demo
 	@$(MAKE) --no-print-directory all
-	@tools/vm/demo
+	@tools/demo
 
 bench: deps-bench
 	@$(MAKE) --no-print-directory all $(BENCH_BINS)

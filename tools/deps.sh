@@ -1,19 +1,25 @@
 #!/usr/bin/env bash
 # Installs the Debian 12 packages a make target needs. As root it runs apt-get itself; otherwise it prints the
 # exact command to run and fails, so nothing half-installed is left behind.
-#   usage: tools/deps.sh GROUP...   (groups: build check vm bench)
+#   usage: tools/deps.sh GROUP...   (groups: build check vm bench compat demo)
 set -euo pipefail
 
 declare -A GROUP=(
   [build]="gcc make pkg-config libibverbs-dev librdmacm-dev libev-dev uthash-dev libcmocka-dev"
   [check]="clang libclang-rt-14-dev valgrind groff-base man-db tshark tcpdump iproute2 procps psmisc socat"
   [vm]="qemu-system-x86 busybox-static cpio kmod iproute2 rdma-core ibverbs-providers ibverbs-utils rdmacm-utils perftest tcpdump tshark"
-  [bench]="gcc gnuplot-nox"
+  [bench]="gcc gnuplot-nox sockperf"
+  # The unmodified programs of the compatibility matrix (tests/suites/compat_soft.sh, vm_compat.sh) and the demo.
+  # They are test subjects only: the suites start private instances on free ports, never the system services.
+  [compat]="iperf3 sockperf redis-server redis-tools memcached libmemcached-tools nginx wrk apache2 apache2-utils
+            mariadb-server mariadb-client socat curl openjdk-17-jdk-headless jq coreutils procps iproute2"
+  # tools/demo: the redis pair it runs over rdmasock, and what it reads the evidence with.
+  [demo]="redis-server redis-tools jq iproute2 procps"
 )
 
 want=()
 for g in "$@"; do
-  [ -n "${GROUP[$g]+x}" ] || { echo "tools/deps.sh: unknown group '$g' (build check vm bench)" >&2; exit 2; }
+  [ -n "${GROUP[$g]+x}" ] || { echo "tools/deps.sh: unknown group '$g' (build check vm bench compat demo)" >&2; exit 2; }
   for p in ${GROUP[$g]}; do want+=("$p"); done
 done
 
@@ -36,4 +42,14 @@ export DEBIAN_FRONTEND=noninteractive
 if [ -z "$(find /var/lib/apt/lists -maxdepth 1 -name '*Packages*' -mtime -1 2>/dev/null | head -n 1)" ]; then
   apt-get update -qq
 fi
-apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+# Server packages (redis, memcached, nginx, apache2, mariadb) would start system-wide daemons on install; the
+# suites never use those, so a policy-rc.d that forbids starting services is put in place for the install when the
+# machine has none, and removed afterwards.
+policy=/usr/sbin/policy-rc.d
+if [ ! -e "$policy" ]; then
+  printf '#!/bin/sh\n# tools/deps.sh: no service starts during this install\nexit 101\n' > "$policy"
+  chmod 0755 "$policy"
+  trap 'rm -f "$policy"' EXIT
+fi
+# Another apt run (a parallel make target) holds the dpkg lock for a while; wait for it instead of failing.
+apt-get install -y -qq --no-install-recommends -o DPkg::Lock::Timeout=600 "${missing[@]}" >/dev/null

@@ -1,7 +1,10 @@
 #!/bin/bash
-# The `make demo` job (through tools/vm/demo): one real RDMA exchange on the
-# guest's soft-RoCE device, explained as it runs. Fails unless rping's data
-# comes back verified and ib_send_lat prints its result row.
+# The `make demo` job (through tools/vm/demo): real RDMA exchanges on the
+# guest's soft-RoCE device, explained as they run. Fails unless rping's data
+# comes back verified, ib_send_lat prints its result row, and an unmodified
+# redis-server/redis-benchmark pair runs over rdmasock's verbs transport on
+# rxe0 with its data intact and `rdmasock stat` showing the RDMA path
+# (tools/demo redis, the same run the host half of the demo makes).
 
 # shellcheck source=../lib.sh
 . "$RS_VM_LIB" || exit 1
@@ -49,6 +52,21 @@ if rs_vm_wait_listen 18515 30 &&
 else
     echo "   -> FAILED"
     sed 's/^/   | /' "$RS_VM_OUT/send_lat.txt"
+    failed=1
+fi
+echo
+
+echo "3) redis-server and redis-benchmark, unmodified, under rdmasock run --transport verbs: SDP over an RC QP on $dev"
+if [[ -x $RS_TOOL || -x $RS_BUILD/bin/rdmasock ]]; then
+    if "$RS_TOP/tools/demo" redis --transport verbs --addr "$addr" --requests "${RS_DEMO_VM_REQUESTS:-5000}" \
+            --out "$RS_VM_OUT/redis-verbs"; then
+        echo "   -> redis over rdmasock on $dev: benchmark done, 1 MiB value intact, connections on the RDMA path"
+    else
+        echo "   -> FAILED (files in $RS_VM_OUT/redis-verbs)"
+        failed=1
+    fi
+else
+    echo "   -> FAILED: rdmasock is not built (make all)"
     failed=1
 fi
 echo

@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# The compatibility matrix over verbs: a subset of tests/suites/compat_soft.sh's programs (tests/lib/compat.sh)
+# run in ONE soft-RoCE VM (rxe0 on dummy0, 198.18.0.1) by tools/vm/jobs/compat_verbs.sh, every server and client
+# under `rdmasock run --transport verbs`. Each of the job's checks is relayed as one TAP line prefixed "verbs: ";
+# the plan comes last. Results: $RS_BUILD/test-logs/vm_compat/ (compat.tap, compat/ with every log).
+#   RS_VM_COMPAT_ONLY="redis socat" to run a subset; RS_VM_COMPAT_TIMEOUT (s, default 900) bounds the VM run.
+RS_TOP=${RS_TOP:-$(cd "$(dirname "$0")/../.." && pwd)}
+RS_BUILD=${RS_BUILD:-$RS_TOP/build}
+RS_TOOL=${RS_TOOL:-$RS_BUILD/bin/rdmasock}
+RS_LIB=${RS_LIB:-$RS_BUILD/librdmasock.so}
+export RS_TOP RS_BUILD RS_TOOL RS_LIB
+source "$RS_TOP/tests/lib/tap.sh"
+
+VM_TOOL=$RS_TOP/tools/vm/vm
+OUT=$RS_BUILD/test-logs/vm_compat
+started=$SECONDS
+
+finish() {
+    tap_diag "vm_compat: $((SECONDS - started)) s in all; results in $OUT"
+    tap_done_plan
+    exit $?
+}
+
+if [[ ! -x $RS_TOOL || ! -f $RS_LIB ]]; then
+    tap_fail "verbs: rdmasock is built" "missing $RS_TOOL or $RS_LIB (make all)"
+    finish
+fi
+for tool in jq ss; do
+    if ! command -v "$tool" >/dev/null; then
+        tap_fail "verbs: $tool is installed" "apt-get install jq iproute2 (tools/deps.sh compat)"
+        finish
+    fi
+done
+build_log=$(mktemp)
+"$VM_TOOL" build 2> "$build_log"
+status=$?
+case $status in
+    0) ;;
+    2) tap_skip "verbs: compatibility matrix in the soft-RoCE VM" "VM harness needs host packages: $(grep '^apt-get' "$build_log")"
+       rm -f "$build_log"; finish ;;
+    3) tap_skip "verbs: compatibility matrix in the soft-RoCE VM" "the Debian kernel package cannot be fetched: $(tail -n 1 "$build_log")"
+       rm -f "$build_log"; finish ;;
+    *) tap_fail "verbs: soft-RoCE VM image" "vm build exited $status" "$(tail -n 20 "$build_log")"; rm -f "$build_log"; finish ;;
+esac
+rm -f "$build_log"
+
+rm -rf "$OUT"
+mkdir -p "$OUT"
+# The guest sees the build folder read-only: the Java helper is compiled here (missing javac: the job skips java).
+if command -v javac >/dev/null; then
+    src=$RS_TOP/tests/helpers/java/CompatEcho.java
+    if [[ ! -f $RS_BUILD/java/CompatEcho.class || $src -nt $RS_BUILD/java/CompatEcho.class ]]; then
+        mkdir -p "$RS_BUILD/java" && javac -d "$RS_BUILD/java" "$src" > "$OUT/javac.log" 2>&1
+    fi
+fi
+env_args=()
+for name in ${!COMPAT_*} RS_VM_COMPAT_ONLY; do
+    [[ -n ${!name+x} ]] && env_args+=(--env "$name=${!name}")
+done
+"$VM_TOOL" run --timeout "${RS_VM_COMPAT_TIMEOUT:-900}" --mem 2048 --out "$OUT" "${env_args[@]}" \
+    -- "$RS_TOP/tools/vm/jobs/compat_verbs.sh" > "$OUT/job.stdout" 2> "$OUT/job.stderr"
+status=$?
+case $status in
+    124|125)
+        tap_fail "verbs: the VM booted, rxe0 came up and the matrix ran" "vm run exited $status ($([[ $status == 124 ]] && echo timeout || echo harness failure))" \
+            "$(tail -n 25 "$OUT/job.stderr")" "checks reported before it stopped:" "$(grep -E '^(not )?ok' "$OUT/compat.tap" 2>/dev/null | tail -n 10)"
+        ;;
+    *) tap_ok "verbs: the VM booted, rxe0 came up and the matrix ran (job exit $status)" ;;
+esac
+
+# Relay: each check keeps its verdict, skip reason and diagnostics; numbering is ours.
+if [[ -s $OUT/compat.tap ]]; then
+    pending=""
+    diag=()
+    flush() {
+        [[ -n $pending ]] || return 0
+        tap_fail "$pending" "${diag[@]}"
+        pending=""
+        diag=()
+    }
+    while IFS= read -r line; do
+        case $line in
+            "ok "*"# SKIP "*)
+                flush
+                desc=${line#ok * - }
+                tap_skip "verbs: ${desc%% # SKIP *}" "${desc#* # SKIP }" ;;
+            "ok "*) flush; tap_ok "verbs: ${line#ok * - }" ;;
+            "not ok "*) flush; pending="verbs: ${line#not ok * - }" ;;
+            "#   "*) [[ -n $pending ]] && diag+=("${line#\#   }") ;;
+            "# "*) flush; tap_diag "${line#\# }" ;;
+            1..*) flush ;;
+        esac
+    done < "$OUT/compat.tap"
+    flush
+else
+    tap_fail "verbs: the matrix wrote its results" "no $OUT/compat.tap" "$(tail -n 15 "$OUT/job.stdout")"
+fi
+finish
