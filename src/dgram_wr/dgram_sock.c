@@ -25,6 +25,7 @@
 
 #include "common/log.h"
 #include "dgram_wr/dgram_int.h"
+#include "common/fdutil.h"
 
 void rs_dgram_default_opts(struct rs_dgram_opts *o)
 {
@@ -150,8 +151,8 @@ int rs_dgram_attach(int fd, const struct rs_dgram_opts *opts, struct rs_dgram_so
     l = sizeof(s->sndbuf);
     if (rs_dg_sys_getsockopt(fd, SOL_SOCKET, SO_SNDBUF, &s->sndbuf, &l) != 0)
         s->sndbuf = RS_DG_DEFAULT_BUF;
-    s->notify_fd = epoll_create1(EPOLL_CLOEXEC);
-    s->pending_efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    s->notify_fd = rs_fd_move_high(epoll_create1(EPOLL_CLOEXEC));
+    s->pending_efd = rs_fd_move_high(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
     if (s->notify_fd < 0 || s->pending_efd < 0) {
         rc = -errno;
         if (s->notify_fd >= 0)

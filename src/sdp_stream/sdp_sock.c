@@ -23,6 +23,7 @@
 
 #include "common/log.h"
 #include "sdp_stream/sdp_int.h"
+#include "common/fdutil.h"
 
 uint64_t rs_sdp_now_ms(void)
 {
@@ -42,7 +43,7 @@ uint64_t rs_sdp_now_us(void)
 
 static int sys_eventfd(void)
 {
-    return (int)syscall(SYS_eventfd2, 0, EFD_CLOEXEC | EFD_NONBLOCK);
+    return rs_fd_move_high((int)syscall(SYS_eventfd2, 0, EFD_CLOEXEC | EFD_NONBLOCK));
 }
 
 static void sys_close(int fd)

@@ -58,6 +58,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include "common/fdutil.h"
 #include "rnic/provider.h"
 
 /* ---- limits and defaults -------------------------------------------------------------------------------- */
@@ -87,7 +88,7 @@ void rs_soft_fd_released(int fd);
 
 static inline int rs_soft_sys_socket(int domain, int type, int protocol)
 {
-    int fd = (int)rs_soft_sys_ret(syscall(SYS_socket, domain, type, protocol));
+    int fd = rs_fd_move_high((int)rs_soft_sys_ret(syscall(SYS_socket, domain, type, protocol)));
     if (fd >= 0)
         rs_soft_fd_owned(fd);
     return fd;
@@ -108,7 +109,7 @@ static inline int rs_soft_sys_connect(int fd, const struct sockaddr *a, socklen_
 static inline int rs_soft_sys_listen(int fd, int backlog) { return (int)rs_soft_sys_ret(syscall(SYS_listen, fd, backlog)); }
 static inline int rs_soft_sys_accept4(int fd, struct sockaddr *a, socklen_t *len, int flags)
 {
-    int nfd = (int)rs_soft_sys_ret(syscall(SYS_accept4, fd, a, len, flags));
+    int nfd = rs_fd_move_high((int)rs_soft_sys_ret(syscall(SYS_accept4, fd, a, len, flags)));
     if (nfd >= 0)
         rs_soft_fd_owned(nfd);
     return nfd;

@@ -13,6 +13,7 @@
 
 #include "common/log.h"
 #include "rnic/soft/soft.h"
+#include "common/fdutil.h"
 
 struct rs_soft_cm_event_node {
     struct rs_soft_cm_event_node *next;
@@ -24,7 +25,7 @@ int rs_soft_cm_create(struct rs_rnic *rnic, struct rs_rnic_cm **out)
     struct rs_soft_cm *cm = calloc(1, sizeof(*cm));
     if (!cm)
         return -ENOMEM;
-    cm->event_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    cm->event_fd = rs_fd_move_high(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
     if (cm->event_fd < 0) {
         int err = -errno;
         free(cm);

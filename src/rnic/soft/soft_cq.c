@@ -11,6 +11,7 @@
 
 #include "common/log.h"
 #include "rnic/soft/soft.h"
+#include "common/fdutil.h"
 
 int rs_soft_create_cq(struct rs_rnic *rnic, uint32_t depth, struct rs_rnic_cq **out)
 {
@@ -24,7 +25,7 @@ int rs_soft_create_cq(struct rs_rnic *rnic, uint32_t depth, struct rs_rnic_cq **
         free(cq);
         return -ENOMEM;
     }
-    cq->event_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    cq->event_fd = rs_fd_move_high(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
     if (cq->event_fd < 0) {
         int err = -errno;
         free(cq->ring);

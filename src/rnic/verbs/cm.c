@@ -26,6 +26,7 @@
 
 #include "common/log.h"
 #include "rnic/verbs/verbs.h"
+#include "common/fdutil.h"
 
 #define DEFAULT_CONNECT_TIMEOUT_MS 10000u
 /* IB CM REJ reasons (IBTA vol. 1, 12.6.7.2) that mean "nobody answers there" rather than "refused". */
@@ -77,7 +78,7 @@ int rs_v_cm_create(struct rs_rnic *rnic, struct rs_rnic_cm **out)
     if (!cm->channel)
         goto fail;
     fcntl(cm->channel->fd, F_SETFL, fcntl(cm->channel->fd, F_GETFL) | O_NONBLOCK);
-    cm->event_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    cm->event_fd = rs_fd_move_high(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
     if (cm->event_fd < 0)
         goto fail;
     pthread_mutex_init(&cm->lock, NULL);

@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "rnic/verbs/verbs.h"
+#include "common/fdutil.h"
 
 #define POLL_BATCH 16
 
@@ -76,8 +77,8 @@ int rs_v_create_cq(struct rs_rnic *rnic, uint32_t depth, struct rs_rnic_cq **out
     cq->cq = ibv_create_cq(dev->ctx, (int)depth, cq, cq->channel, 0);
     if (!cq->cq)
         goto fail;
-    cq->event_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    cq->poll_fd = epoll_create1(EPOLL_CLOEXEC);
+    cq->event_fd = rs_fd_move_high(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+    cq->poll_fd = rs_fd_move_high(epoll_create1(EPOLL_CLOEXEC));
     if (cq->event_fd < 0 || cq->poll_fd < 0)
         goto fail;
     struct epoll_event ev = { .events = EPOLLIN };
