@@ -505,16 +505,24 @@ int rs_isock_listen(struct rs_isock *s, int fd, int backlog)
         return r;
     }
     /* The kernel socket always gets a port (an explicit bind, or the one listen would pick), so the application's
-     * getsockname and the SDP listener agree on it. */
-    if (d.mode == RS_MODE_BOTH || ((struct sockaddr_in *)&local)->sin_port == 0) {
+     * getsockname and the SDP listener agree on it. With a port already bound, the SDP listener starts FIRST: a
+     * client that waits for the port to open (as scripts and test harnesses do) must find the RDMA side there
+     * too, or its first connection falls back to the kernel. */
+    bool port_known = ((struct sockaddr_in *)&local)->sin_port != 0;
+    int r = port_known ? start_sdp_listener(s, fd) : 0;
+    if (d.mode == RS_MODE_BOTH || !port_known) {
         if (RS_REAL(listen)(fd, backlog) != 0) {
             int e = errno;
+            if (s->sdp)
+                detach_sdp(s, true);
+            __atomic_store_n(&s->path, RS_IPATH_UNDECIDED, __ATOMIC_RELEASE);
             pthread_mutex_unlock(&s->lock);
             return -e;
         }
         s->kernel_listening = true;
     }
-    int r = start_sdp_listener(s, fd);
+    if (!port_known)
+        r = start_sdp_listener(s, fd);
     if (r != 0) {
         if (d.mode == RS_MODE_RDMA) {
             RS_ERROR("fd %d: RDMA listener failed (%s) and the rule allows no kernel listener",
