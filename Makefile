@@ -50,7 +50,8 @@ BENCH_SRCS  := $(sort $(wildcard bench/*.c))
 BENCH_BINS  := $(BENCH_SRCS:bench/%.c=$(BUILD)/bench/%)
 FUZZ_SRCS   := $(sort $(wildcard tests/fuzz/fuzz_*.c))
 FUZZ_BINS   := $(FUZZ_SRCS:tests/fuzz/%.c=$(BUILD)/fuzz/%)
-FUZZ_OBJS   := $(filter-out $(INTERPOSE_SRCS:%.c=$(BUILD)/fuzz-obj/%.o),$(SRCS:%.c=$(BUILD)/fuzz-obj/%.o))
+# Fuzzers link objects, not the archive: leave out the interception layer (the interposers and what calls them).
+FUZZ_OBJS   := $(filter-out $(BUILD)/fuzz-obj/src/intercept/%,$(SRCS:%.c=$(BUILD)/fuzz-obj/%.o))
 FUZZ_FLAGS  := -g -O1 -fno-omit-frame-pointer -fsanitize=fuzzer-no-link,address,undefined \
                -fno-sanitize-recover=undefined -std=gnu11 -pthread
 
