@@ -157,9 +157,11 @@ compat_port() {
     local -n _compat_port_out=$1
     local _compat_port _compat_tries=0
     while (( _compat_tries++ < 200 )); do
-        _compat_port=$((20000 + (RANDOM * 32768 + RANDOM) % 40000))
+        # 10000-16383: the software RNIC's image of the port (P + 16384) then lies below the kernel's ephemeral
+        # range (32768-60999), where no outgoing connection's local port can be sitting on it.
+        _compat_port=$((10000 + (RANDOM * 32768 + RANDOM) % 6384))
         [[ " ${COMPAT_PORTS[*]} " == *" $_compat_port "* ]] && continue
-        [[ -n $(ss -Htan "( sport = :$_compat_port or dport = :$_compat_port )" 2>/dev/null) ]] && continue
+        [[ -n $(ss -Htan "( sport = :$_compat_port or dport = :$_compat_port or sport = :$((_compat_port + 16384)) )" 2>/dev/null) ]] && continue
         COMPAT_PORTS+=("$_compat_port")
         printf 'use both tcp server *:%s\nuse rdma tcp client %s:%s\n' "$_compat_port" "$COMPAT_ADDR" "$_compat_port" \
             >> "$COMPAT_CONF"
@@ -225,6 +227,12 @@ compat_fail() {
 compat_verdict() {
     local status=$1; shift
     if [[ $status == 0 ]]; then compat_pass; else compat_fail "$@"; fi
+}
+
+# compat_skip_one REASON: the next check cannot pass here for a known, documented reason (shown by the runner).
+compat_skip_one() {
+    tap_skip "$(compat_line)" "$1"
+    COMPAT_NEXT=$((COMPAT_NEXT + 1))
 }
 
 compat_skip_rest() {
@@ -989,6 +997,12 @@ compat_check_socat() {
     rm -f "$out"
     local echo_in=$COMPAT_DATA/echo.in
     compat_random "$echo_in" "$echo_mib"
+    # A fork-per-connection server hands the accepted connection to a child: an SDP connection stays with the
+    # process whose RNIC state it is (docs/interception.md, "Processes"), so under the preload this check is a
+    # known gap of issue 6 item 6, reported as such rather than run.
+    if [[ $COMPAT_MODE == preload ]]; then
+        compat_skip_one "known gap: an SDP connection does not follow fork() into the child that serves it (issue 6 item 6)"
+    else
     compat_server socat-echo socat "TCP-LISTEN:$port2,bind=$COMPAT_ADDR,reuseaddr,fork" EXEC:cat
     if compat_wait_listen socat-echo "$port2" 20; then
         # -t: after its input ends, wait up to 30 s for the echo to finish instead of socat's default 0.5 s.
@@ -999,6 +1013,7 @@ compat_check_socat() {
             "$(compat_diag socat-echo-client.err socat-echo.err)"
     else
         compat_fail "socat did not listen on port $port2" "$(compat_diag socat-echo.err)"
+    fi
     fi
     rm -f "$COMPAT_DIR/socat-echo-client.out"
     # Both ends of the one-way pipe exit when it is done, and a process's statistics go with it: only the

@@ -12,7 +12,7 @@ cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; rm -rf "$scra
 trap cleanup EXIT
 [ -x "$bin" ] || { tap_plan 1; tap_fail "sockcheck built" "missing $bin"; exit 1; }
 
-base=$(( 21000 + RANDOM % 15000 ))
+base=$(( 10000 + RANDOM % 6000 ))   # image P + 16384 below the ephemeral range
 offset=16384
 export RDMASOCK_TRANSPORT=soft RDMASOCK_SOFT_PORT_OFFSET=$offset
 cat > "$scratch/both.conf" <<EOF

@@ -40,7 +40,7 @@ port_busy() { ss -Htan 2>/dev/null | awk '{print $4}' | grep -qE "[:.]$1\$"; }
 pick_base() {
     local base p ok
     for _ in $(seq 1 50); do
-        base=$((20000 + RANDOM % 20000))
+        base=$((10000 + RANDOM % 6000))   # image P + 16384 below the ephemeral range
         ok=1
         for ((p = base; p < base + nports; p++)); do
             if port_busy "$p" || port_busy $((p + soft_offset)); then ok=0; break; fi

@@ -31,7 +31,7 @@ port_busy() { ss -Htan "( sport = :$1 or dport = :$1 )" 2>/dev/null | grep -q .;
 pick_port() {
     local p
     for _ in $(seq 50); do
-        p=$((20000 + RANDOM % 19000))
+        p=$((10000 + RANDOM % 6000))   # image P + 16384 below the ephemeral range
         if ! port_busy "$p" && ! port_busy $((p + offset)) && ! port_busy $((p + 1)) && ! port_busy $((p + 1 + offset)); then
             echo "$p"
             return 0
