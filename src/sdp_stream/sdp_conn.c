@@ -775,12 +775,14 @@ void rs_sdp_maybe_finish(struct rs_sdp_sock *s)
         s->graceful = true;
         rs_rnic_disconnect(s->qp);
     }
-    if (s->app_closed && !s->teardown_queued && (s->state == SDP_ST_CLOSED || s->state == SDP_ST_IDLE)) {
+    bool over = s->state == SDP_ST_CLOSED || s->state == SDP_ST_IDLE;
+    /* Not tied to app_closed: a connection closed by the process exit is still held by the application. */
+    if (over && s->orphan_counted) {
+        s->orphan_counted = false;
+        rs_sdp_progress_register_orphan(s, -1);
+    }
+    if (s->app_closed && !s->teardown_queued && over) {
         s->teardown_queued = true;
-        if (s->orphan_counted) {
-            s->orphan_counted = false;
-            rs_sdp_progress_register_orphan(s, -1);
-        }
         if (s->pw)
             rs_sdp_progress_detach(s);
     }
@@ -850,6 +852,51 @@ static void close_listener(struct rs_sdp_sock *s)
     pthread_mutex_lock(&s->lock);
 }
 
+/* Closes a connected socket as the kernel closes a TCP one: a reset when unread data would be lost (or
+ * SO_LINGER 0 asks for one), else both directions shut, DisConn after the pending data, and the connection
+ * lives on as an orphan the exit flush waits for. Returns false if it reset. Lock held. */
+static bool close_connected(struct rs_sdp_sock *s)
+{
+    bool unread = s->rx_bytes_queued > 0 || s->rxq_count > 0;
+    if ((s->linger_on && s->linger_s == 0) || unread) {
+        rs_sdp_fail(s, ECONNRESET, true);
+        return false;
+    }
+    s->rd_shut = true;
+    s->wr_shut = true;
+    if (!s->close_deadline)
+        s->close_deadline = rs_sdp_now_ms() + SDP_ORPHAN_TIMEOUT_MS;
+    if (!s->orphan_counted) {
+        s->orphan_counted = true;
+        rs_sdp_progress_register_orphan(s, 1);
+    }
+    rs_sdp_tx_push(s, true);
+    return true;
+}
+
+void rs_sdp_exit_close(struct rs_sdp_sock *s)
+{
+    if (rs_sdp_check_epoch(s) != 0)
+        return;
+    pthread_mutex_lock(&s->lock);
+    /* A child still in a listener's accept queue was never the application's: the kernel resets those. */
+    if (!s->app_closed && !s->orphan_counted && !s->parent && s->state == SDP_ST_CONNECTED) {
+        rs_sdp_progress(s);
+        if (s->state == SDP_ST_CONNECTED) {
+            close_connected(s);
+            s->dirty = true;
+            rs_sdp_maybe_finish(s);
+            if (s->pw)
+                rs_sdp_progress_retime(s, rs_sdp_timers(s, rs_sdp_now_ms()));
+        }
+    }
+    if (s->dirty) {
+        s->dirty = false;
+        rs_sdp_signal(s);
+    }
+    pthread_mutex_unlock(&s->lock);
+}
+
 int rs_sdp_close(struct rs_sdp_sock *s)
 {
     if (rs_sdp_check_epoch(s) != 0)
@@ -874,17 +921,8 @@ int rs_sdp_close(struct rs_sdp_sock *s)
         rs_sdp_fail(s, ECONNABORTED, false);
         break;
     case SDP_ST_CONNECTED: {
-        bool unread = s->rx_bytes_queued > 0 || s->rxq_count > 0;
-        if ((s->linger_on && s->linger_s == 0) || unread) {
-            rs_sdp_fail(s, ECONNRESET, true);
+        if (!close_connected(s))
             break;
-        }
-        s->rd_shut = true;
-        s->wr_shut = true;
-        s->close_deadline = rs_sdp_now_ms() + SDP_ORPHAN_TIMEOUT_MS;
-        s->orphan_counted = true;
-        rs_sdp_progress_register_orphan(s, 1);
-        rs_sdp_tx_push(s, true);
         if (s->linger_on) {
             uint64_t deadline = rs_sdp_now_ms() + (uint64_t)s->linger_s * 1000u;
             for (;;) {

@@ -252,6 +252,8 @@ struct rs_sdp_sock {
         bool cancel_pending;        /* SrcAvailCancel arrived while a READ was in flight */
         bool send_sm_sent;
         bool read_out;              /* an RDMA READ into the application's buffer is in flight */
+        bool read_uncounted;        /* a READ was posted and its reader has not yet counted its bytes: a cancel
+                                     * must wait for that count (its completion alone clears read_out) */
         bool read_failed;
         uint32_t mseq, len, consumed, rkey;
         uint64_t vaddr;
@@ -316,6 +318,9 @@ bool rs_sdp_progress_on_loop(void);
 /* Runs at process exit: gives orphaned connections a bounded time to deliver their data. */
 void rs_sdp_progress_exit_flush(uint64_t budget_ms);
 void rs_sdp_progress_register_orphan(struct rs_sdp_sock *s, int delta);
+/* At process exit, for a connection the application never closed: what the kernel's implicit close does (data
+ * still delivered, then DisConn), so the exit flush can wait for it. */
+void rs_sdp_exit_close(struct rs_sdp_sock *s);
 
 /* ---- sdp_conn.c ---- */
 /* Callbacks of the progress thread (lock not held on entry). Each returns the socket's next timer deadline

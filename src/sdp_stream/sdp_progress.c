@@ -44,6 +44,7 @@ struct pw {
     bool cq_on, cm_on, tm_on;
     atomic_bool retime_queued;
     _Atomic uint64_t armed;         /* deadline the timer is set for (0 none); read by other threads */
+    struct pw *all_prev, *all_next; /* P.watched, under P.lock */
 };
 
 static struct {
@@ -56,7 +57,8 @@ static struct {
     unsigned epoch;
     struct pcmd *first, *last;
     int orphans;                    /* closed sockets whose connection is still finishing */
-} P = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, NULL, { 0 }, 0, false, 0, NULL, NULL, 0 };
+    struct pw *watched;             /* every attached socket: what the exit flush closes */
+} P = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, NULL, { 0 }, 0, false, 0, NULL, NULL, 0, NULL };
 
 bool rs_sdp_progress_on_loop(void)
 {
@@ -118,6 +120,12 @@ static int do_attach(struct rs_sdp_sock *s)
         pw->tm.data = pw;
         s->pw = pw;
         rs_sdp_get(s);          /* the watchers' reference */
+        pthread_mutex_lock(&P.lock);
+        pw->all_next = P.watched;
+        if (P.watched)
+            P.watched->all_prev = pw;
+        P.watched = pw;
+        pthread_mutex_unlock(&P.lock);
     }
     if (s->cm && !pw->cm_on) {
         ev_io_init(&pw->cm_w, cm_cb, rs_rnic_cm_fd(s->cm), EV_READ);
@@ -154,6 +162,14 @@ static void do_detach(struct rs_sdp_sock *s)
     ev_clear_pending(P.loop, &pw->cq_w);
     ev_clear_pending(P.loop, &pw->cm_w);
     ev_clear_pending(P.loop, &pw->tm);
+    pthread_mutex_lock(&P.lock);
+    if (pw->all_prev)
+        pw->all_prev->all_next = pw->all_next;
+    else
+        P.watched = pw->all_next;
+    if (pw->all_next)
+        pw->all_next->all_prev = pw->all_prev;
+    pthread_mutex_unlock(&P.lock);
     s->pw = NULL;
     free(pw);
     rs_sdp_put(s);
@@ -232,6 +248,7 @@ static int start_locked(void)
     /* After fork the parent's loop and thread do not exist here: start afresh (the old loop is leaked). */
     P.first = P.last = NULL;
     P.orphans = 0;
+    P.watched = NULL;
     P.loop = ev_loop_new(EVFLAG_NOSIGMASK | EVFLAG_NOENV);
     if (!P.loop)
         return -ENOMEM;
@@ -339,6 +356,33 @@ void rs_sdp_progress_register_orphan(struct rs_sdp_sock *s, int delta)
     pthread_mutex_unlock(&P.lock);
 }
 
+/* The kernel closes a TCP socket the process never closed when it exits, and still delivers what was written
+ * (socat, for one, shuts its write side and exits). Without the same here the exit kills the transport under
+ * data the peer has not received yet and the peer sees a reset. P.lock held; returns with it held. */
+static void close_unclosed_locked(void)
+{
+    size_t n = 0;
+    for (struct pw *pw = P.watched; pw; pw = pw->all_next)
+        n++;
+    if (n == 0)
+        return;
+    struct rs_sdp_sock **socks = malloc(n * sizeof(*socks));
+    if (!socks)
+        return;
+    size_t k = 0;
+    for (struct pw *pw = P.watched; pw && k < n; pw = pw->all_next) {
+        rs_sdp_get(pw->s);      /* the watchers' reference keeps it alive until here */
+        socks[k++] = pw->s;
+    }
+    pthread_mutex_unlock(&P.lock);
+    for (size_t i = 0; i < k; i++) {
+        rs_sdp_exit_close(socks[i]);
+        rs_sdp_put(socks[i]);
+    }
+    free(socks);
+    pthread_mutex_lock(&P.lock);
+}
+
 void rs_sdp_progress_exit_flush(uint64_t budget_ms)
 {
     pthread_mutex_lock(&P.lock);
@@ -346,6 +390,9 @@ void rs_sdp_progress_exit_flush(uint64_t budget_ms)
         pthread_mutex_unlock(&P.lock);
         return;
     }
+    close_unclosed_locked();
+    if (P.orphans > 0)
+        RS_DEBUG("sdp: exit waits for %d closing connection(s)", P.orphans);
     struct timespec until;
     clock_gettime(CLOCK_REALTIME, &until);
     until.tv_sec += (time_t)(budget_ms / 1000);

@@ -202,6 +202,7 @@ void rs_sdp_z_on_msg(struct rs_sdp_sock *s, const struct rs_sdp_bsdh *h, const s
         s->psrc.cancel_pending = false;
         s->psrc.send_sm_sent = false;
         s->psrc.read_out = false;
+        s->psrc.read_uncounted = false;
         s->psrc.read_failed = false;
         s->psrc.mseq = h->mseq;
         s->psrc.len = avail->len;
@@ -212,7 +213,9 @@ void rs_sdp_z_on_msg(struct rs_sdp_sock *s, const struct rs_sdp_bsdh *h, const s
     case RS_SDP_MID_SRC_CANCEL:
         if (!s->psrc.active || s->psrc.send_sm_sent)
             return;     /* already answered (crossing SendSm, or every byte read) */
-        if (s->psrc.read_out) {
+        /* A READ that completed but whose bytes its reader has not yet counted moved them all the same: the
+         * answer must be its RdmaRdCompl (then SendSm for the rest), never a SendSm that disowns them. */
+        if (s->psrc.read_out || s->psrc.read_uncounted) {
             s->psrc.cancel_pending = true;
             return;
         }
@@ -591,10 +594,12 @@ ssize_t rs_sdp_z_read_src(struct rs_sdp_sock *s, uint8_t *buf, size_t len, bool 
     wr.rdma.rkey = s->psrc.rkey;
     struct rs_rnic_send_wr *bad = NULL;
     s->psrc.read_out = true;
+    s->psrc.read_uncounted = true;
     s->psrc.read_failed = false;
     if (rs_rnic_post_send(s->qp, &wr, &bad) != 0) {
         s->slots[slot].done = true;
         s->psrc.read_out = false;
+        s->psrc.read_uncounted = false;
         rs_sdp_reg_put(s->dev->cache, reg);
         rs_sdp_fail(s, ECONNRESET, false);
         return rs_sdp_take_error(s, -ECONNRESET);
@@ -607,6 +612,7 @@ ssize_t rs_sdp_z_read_src(struct rs_sdp_sock *s, uint8_t *buf, size_t len, bool 
         wait_step(s, 0, false);
     }
     rs_sdp_reg_put(s->dev->cache, reg);
+    s->psrc.read_uncounted = false;
     if (s->broken || s->psrc.read_failed) {
         if (!s->broken)
             rs_sdp_fail(s, ECONNRESET, true);

@@ -389,7 +389,7 @@ compat_watch_start() {
         trap - EXIT
         while :; do
             "$RS_TOOL" stat --all-users --json 2>/dev/null | jq -c . 2>/dev/null >> "$COMPAT_WATCH_FILE"
-            sleep 0.25
+            sleep 0.1
         done
     ) &
     COMPAT_WATCH_PID=$!
@@ -868,7 +868,11 @@ DocumentRoot "$root"
 LogFormat "%>s %B \"%r\"" compat
 CustomLog "$COMPAT_DIR/$name.access.log" compat
 CONF
-    compat_server "$name" "$(compat_bin apache2)" -f "$dir/httpd.conf" -DFOREGROUND
+    # Apache's children drop root (www-data): on verbs their receive rings are locked memory, so the operator
+    # raises RLIMIT_MEMLOCK for them as docs/interception.md says (the default 8 MiB lasts a few connections).
+    # (Where the hard limit cannot be raised, e.g. in a container without CAP_SYS_RESOURCE, it stays as it is.)
+    compat_server "$name" sh -c 'ulimit -l unlimited 2>/dev/null; exec "$0" "$@"' \
+        "$(compat_bin apache2)" -f "$dir/httpd.conf" -DFOREGROUND
 }
 
 compat_check_apache() {

@@ -1025,6 +1025,99 @@ static void test_fork_inherited_socket(void **state)
     rs_sdp_close(a);
 }
 
+/* ---- a sender that exits right after writing ---- */
+
+#define EXIT_SEND_BYTES (32u << 20)
+#define EXIT_SEND_SEED 77u
+
+/* Child: connects, sends EXIT_SEND_BYTES, then ends its side the way the mode says and exit()s at once (atexit
+ * handlers run, as in any program that returns from main). */
+enum exit_mode { EXIT_AFTER_CLOSE, EXIT_AFTER_SHUT_WR, EXIT_STILL_OPEN };
+
+static void child_send_and_exit(const struct sockaddr_in *addr, enum exit_mode mode)
+{
+    struct rs_sdp_sock *s;
+    if (rs_sdp_socket(AF_INET, sdp_kind(), 0, &s) != 0)
+        _exit(2);
+    if (rs_sdp_connect(s, (const struct sockaddr *)addr, sizeof(*addr)) != 0)
+        _exit(3);
+    static uint8_t chunk[1 << 20];
+    for (uint64_t pos = 0; pos < EXIT_SEND_BYTES; pos += sizeof(chunk)) {
+        fill_pattern(chunk, sizeof(chunk), EXIT_SEND_SEED, pos);
+        size_t off = 0;
+        while (off < sizeof(chunk)) {
+            ssize_t n = rs_sdp_send(s, chunk + off, sizeof(chunk) - off, MSG_NOSIGNAL);
+            if (n <= 0)
+                _exit(4);
+            off += (size_t)n;
+        }
+    }
+    if (mode == EXIT_AFTER_SHUT_WR && rs_sdp_shutdown(s, SHUT_WR) != 0)
+        _exit(5);
+    if (mode == EXIT_AFTER_CLOSE && rs_sdp_close(s) != 0)
+        _exit(6);
+    exit(0);
+}
+
+static void check_exit_after_send(enum exit_mode mode)
+{
+    struct sockaddr_in addr;
+    struct rs_sdp_sock *l = sdp_listener(&addr), *a;
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0)
+        child_send_and_exit(&addr, mode);
+    struct timeval tv = { 10, 0 };
+    assert_int_equal(rs_sdp_setsockopt(l, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)), 0);
+    assert_int_equal(rs_sdp_accept(l, 0, &a, NULL, NULL), 0);
+    assert_int_equal(rs_sdp_setsockopt(a, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)), 0);
+    /* A late reader: the sender is done and exiting while most of the stream is still on its way. 200 ms is also
+     * when the sender cancels an unread SrcAvail, so the cancel crosses our first RDMA READ. */
+    usleep(200 * 1000);
+    static uint8_t buf[1 << 20];
+    uint64_t got = 0;
+    ssize_t n;
+    while ((n = rs_sdp_recv(a, buf, sizeof(buf), 0)) > 0) {
+        long bad = check_pattern(buf, (size_t)n, EXIT_SEND_SEED, got);
+        if (bad >= 0)
+            fail_msg("byte %llu differs", (unsigned long long)(got + (uint64_t)bad));
+        got += (uint64_t)n;
+    }
+    if (n != 0 || got != EXIT_SEND_BYTES)
+        fail_msg("mode %d: recv returned %zd after %llu of %u bytes", (int)mode, n, (unsigned long long)got,
+                 EXIT_SEND_BYTES);
+    /* Our close completes the child's orphan: its exit must then end well inside its flush budget (3 s). */
+    uint64_t t0 = now_ms();
+    assert_int_equal(rs_sdp_close(a), 0);
+    int status;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    uint64_t took = now_ms() - t0;
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+    if (took > 2000)
+        fail_msg("mode %d: the child took %llu ms to exit after our close", (int)mode, (unsigned long long)took);
+    assert_int_equal(rs_sdp_close(l), 0);
+}
+
+static void test_exit_after_close_delivers(void **state)
+{
+    (void)state;
+    check_exit_after_send(EXIT_AFTER_CLOSE);
+}
+
+/* socat's ending: shutdown(SHUT_WR) and exit without close; the exit must close like the kernel does. */
+static void test_exit_after_shutdown_delivers(void **state)
+{
+    (void)state;
+    check_exit_after_send(EXIT_AFTER_SHUT_WR);
+}
+
+static void test_exit_without_close_delivers(void **state)
+{
+    (void)state;
+    check_exit_after_send(EXIT_STILL_OPEN);
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -1053,6 +1146,9 @@ int main(void)
         cmocka_unit_test(test_keepalive_stopped_peer),
         cmocka_unit_test(test_peer_killed_mid_transfer),
         cmocka_unit_test(test_fork_inherited_socket),
+        cmocka_unit_test(test_exit_after_close_delivers),
+        cmocka_unit_test(test_exit_after_shutdown_delivers),
+        cmocka_unit_test(test_exit_without_close_delivers),
     };
     /* SDP_TEST_FILTER / SDP_TEST_SKIP: glob patterns on test names, to run a subset by hand */
     if (getenv("SDP_TEST_FILTER"))

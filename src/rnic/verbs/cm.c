@@ -77,6 +77,7 @@ int rs_v_cm_create(struct rs_rnic *rnic, struct rs_rnic_cm **out)
     cm->channel = rdma_create_event_channel();
     if (!cm->channel)
         goto fail;
+    cm->channel->fd = rs_fd_move_high(cm->channel->fd);
     fcntl(cm->channel->fd, F_SETFL, fcntl(cm->channel->fd, F_GETFL) | O_NONBLOCK);
     cm->event_fd = rs_fd_move_high(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
     if (cm->event_fd < 0)

@@ -73,6 +73,8 @@ int rs_v_create_cq(struct rs_rnic *rnic, uint32_t depth, struct rs_rnic_cq **out
     cq->channel = ibv_create_comp_channel(dev->ctx);
     if (!cq->channel)
         goto fail;
+    /* Before the CQ names the channel: the kernel finds the channel's file through whichever fd refers to it. */
+    cq->channel->fd = rs_fd_move_high(cq->channel->fd);
     fcntl(cq->channel->fd, F_SETFL, fcntl(cq->channel->fd, F_GETFL) | O_NONBLOCK);
     cq->cq = ibv_create_cq(dev->ctx, (int)depth, cq, cq->channel, 0);
     if (!cq->cq)
