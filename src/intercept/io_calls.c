@@ -133,59 +133,76 @@ static ssize_t deliver_errqueue(struct io_target *t, struct msghdr *msg)
     return 0;
 }
 
+/*
+ * Each interposer below: rdma_target() finds out whether fd is a converted socket of this process (an SDP
+ * connection, an adopted UDP socket, or an SDP connection inherited across fork); if not, the real function runs
+ * with the caller's arguments; if so, one of the rdma_* helpers does the work and target_done() lets go.
+ */
+static bool rdma_target(int fd, struct io_target *t)
+{
+    target_of(fd, t);
+    if (target_is_rdma(t))
+        return true;
+    target_done(t);
+    return false;
+}
+
 /* ---- receive ---- */
 
-static ssize_t do_recvmsg(int fd, struct msghdr *msg, int flags)
+static ssize_t rdma_recvmsg(struct io_target *t, int fd, struct msghdr *msg, int flags)
 {
-    struct io_target t;
-    target_of(fd, &t);
-    ssize_t r;
-    if (t.dg) {
-        if (flags & MSG_ERRQUEUE)
-            r = RS_REAL(recvmsg)(fd, msg, flags) < 0 ? -errno : 0;
-        else
-            r = rs_dgram_recvmsg(t.dg, msg, flags);
-    } else if (target_is_rdma(&t)) {
-        if (flags & MSG_ERRQUEUE) {
-            r = t.sdp ? deliver_errqueue(&t, msg) : -EBADF;
-        } else {
-            r = sdp_recv(&t, msg->msg_iov, (int)msg->msg_iovlen, flags);
-            if (r >= 0) {
-                msg->msg_namelen = 0;
-                msg->msg_controllen = 0;
-                msg->msg_flags = 0;
-            }
-        }
-    } else {
-        r = RS_REAL(recvmsg)(fd, msg, flags);
-        target_done(&t);
-        return r;
+    if (t->dg)
+        return flags & MSG_ERRQUEUE ? (RS_REAL(recvmsg)(fd, msg, flags) < 0 ? -errno : 0)
+                                    : rs_dgram_recvmsg(t->dg, msg, flags);
+    if (flags & MSG_ERRQUEUE)
+        return t->sdp ? deliver_errqueue(t, msg) : -EBADF;
+    ssize_t r = sdp_recv(t, msg->msg_iov, (int)msg->msg_iovlen, flags);
+    if (r >= 0) {
+        msg->msg_namelen = 0;
+        msg->msg_controllen = 0;
+        msg->msg_flags = 0;
     }
-    target_done(&t);
-    return rs_ret(r);
+    return r;
+}
+
+/* recv, recvfrom and read on a converted socket (read is recv without flags, for sockets). */
+static ssize_t rdma_recv(struct io_target *t, void *buf, size_t len, int flags, struct sockaddr *from,
+                         socklen_t *fromlen)
+{
+    if (t->dg)
+        return rs_dgram_recvfrom(t->dg, buf, len, flags, from, fromlen);
+    struct iovec iov = { buf, len };
+    ssize_t r = sdp_recv(t, &iov, 1, flags);
+    if (r >= 0 && from && fromlen)
+        *fromlen = 0;       /* as Linux TCP: no address with stream data */
+    return r;
+}
+
+static ssize_t rdma_readv(struct io_target *t, const struct iovec *iov, int iovcnt)
+{
+    if (t->dg) {
+        struct msghdr m = { .msg_iov = (struct iovec *)iov, .msg_iovlen = (size_t)iovcnt };
+        return rs_dgram_recvmsg(t->dg, &m, 0);
+    }
+    return sdp_recv(t, iov, iovcnt, 0);
 }
 
 RS_EXPORT ssize_t recvmsg(int fd, struct msghdr *msg, int flags)
 {
-    return do_recvmsg(fd, msg, flags);
+    struct io_target t;
+    if (!rdma_target(fd, &t))
+        return RS_REAL(recvmsg)(fd, msg, flags);
+    ssize_t r = rdma_recvmsg(&t, fd, msg, flags);
+    target_done(&t);
+    return rs_ret(r);
 }
 
 RS_EXPORT ssize_t recvfrom(int fd, void *buf, size_t len, int flags, struct sockaddr *from, socklen_t *fromlen)
 {
     struct io_target t;
-    target_of(fd, &t);
-    ssize_t r;
-    if (t.dg) {
-        r = rs_dgram_recvfrom(t.dg, buf, len, flags, from, fromlen);
-    } else if (target_is_rdma(&t)) {
-        struct iovec iov = { buf, len };
-        r = sdp_recv(&t, &iov, 1, flags);
-        if (r >= 0 && from && fromlen)
-            *fromlen = 0;       /* as Linux TCP: no address with stream data */
-    } else {
-        target_done(&t);
+    if (!rdma_target(fd, &t))
         return RS_REAL(recvfrom)(fd, buf, len, flags, from, fromlen);
-    }
+    ssize_t r = rdma_recv(&t, buf, len, flags, from, fromlen);
     target_done(&t);
     return rs_ret(r);
 }
@@ -193,57 +210,29 @@ RS_EXPORT ssize_t recvfrom(int fd, void *buf, size_t len, int flags, struct sock
 RS_EXPORT ssize_t recv(int fd, void *buf, size_t len, int flags)
 {
     struct io_target t;
-    target_of(fd, &t);
-    ssize_t r;
-    if (t.dg) {
-        r = rs_dgram_recvfrom(t.dg, buf, len, flags, NULL, NULL);
-    } else if (target_is_rdma(&t)) {
-        struct iovec iov = { buf, len };
-        r = sdp_recv(&t, &iov, 1, flags);
-    } else {
-        target_done(&t);
+    if (!rdma_target(fd, &t))
         return RS_REAL(recv)(fd, buf, len, flags);
-    }
+    ssize_t r = rdma_recv(&t, buf, len, flags, NULL, NULL);
     target_done(&t);
     return rs_ret(r);
 }
 
 RS_EXPORT ssize_t read(int fd, void *buf, size_t len)
 {
-    if (!rs_fd_any(RS_FD_SOCK))
-        return RS_REAL(read)(fd, buf, len);
     struct io_target t;
-    target_of(fd, &t);
-    ssize_t r;
-    if (t.dg) {
-        r = rs_dgram_recvfrom(t.dg, buf, len, 0, NULL, NULL);
-    } else if (target_is_rdma(&t)) {
-        struct iovec iov = { buf, len };
-        r = sdp_recv(&t, &iov, 1, 0);
-    } else {
-        target_done(&t);
+    if (!rs_fd_any(RS_FD_SOCK) || !rdma_target(fd, &t))
         return RS_REAL(read)(fd, buf, len);
-    }
+    ssize_t r = rdma_recv(&t, buf, len, 0, NULL, NULL);
     target_done(&t);
     return rs_ret(r);
 }
 
 RS_EXPORT ssize_t readv(int fd, const struct iovec *iov, int iovcnt)
 {
-    if (!rs_fd_any(RS_FD_SOCK))
-        return RS_REAL(readv)(fd, iov, iovcnt);
     struct io_target t;
-    target_of(fd, &t);
-    ssize_t r;
-    if (t.dg) {
-        struct msghdr m = { .msg_iov = (struct iovec *)iov, .msg_iovlen = (size_t)iovcnt };
-        r = rs_dgram_recvmsg(t.dg, &m, 0);
-    } else if (target_is_rdma(&t)) {
-        r = sdp_recv(&t, iov, iovcnt, 0);
-    } else {
-        target_done(&t);
+    if (!rs_fd_any(RS_FD_SOCK) || !rdma_target(fd, &t))
         return RS_REAL(readv)(fd, iov, iovcnt);
-    }
+    ssize_t r = rdma_readv(&t, iov, iovcnt);
     target_done(&t);
     return rs_ret(r);
 }
@@ -251,65 +240,65 @@ RS_EXPORT ssize_t readv(int fd, const struct iovec *iov, int iovcnt)
 RS_EXPORT int recvmmsg(int fd, struct mmsghdr *vec, unsigned int vlen, int flags, struct timespec *timeout)
 {
     struct io_target t;
-    target_of(fd, &t);
-    bool ours = target_is_rdma(&t);
-    target_done(&t);
-    if (!ours)
+    if (!rdma_target(fd, &t))
         return RS_REAL(recvmmsg)(fd, vec, vlen, flags, timeout);
     /* One recvmsg per entry: after the first, MSG_WAITFORONE makes the rest nonblocking, as in the kernel. */
     unsigned i;
+    ssize_t r = 0;
     for (i = 0; i < vlen; i++) {
         int f = flags & ~MSG_WAITFORONE;
         if (i > 0 && (flags & MSG_WAITFORONE))
             f |= MSG_DONTWAIT;
-        ssize_t r = do_recvmsg(fd, &vec[i].msg_hdr, f);
+        r = rdma_recvmsg(&t, fd, &vec[i].msg_hdr, f);
         if (r < 0)
-            return i > 0 ? (int)i : -1;
+            break;
         vec[i].msg_len = (unsigned)r;
-        if (r == 0 && !t.dg)
-            return (int)i + 1;      /* end of stream */
+        if (r == 0 && !t.dg) {
+            i++;            /* end of stream */
+            break;
+        }
     }
+    target_done(&t);
+    if (i == 0 && r < 0)
+        return (int)rs_ret(r);
     return (int)i;
 }
 
 /* ---- send ---- */
 
-static ssize_t do_sendmsg(int fd, const struct msghdr *msg, int flags)
+static ssize_t rdma_sendmsg(struct io_target *t, const struct msghdr *msg, int flags)
 {
-    struct io_target t;
-    target_of(fd, &t);
-    ssize_t r;
-    if (t.dg) {
-        r = rs_dgram_sendmsg(t.dg, msg, flags);
-    } else if (target_is_rdma(&t)) {
-        r = sdp_send(&t, msg->msg_iov, (int)msg->msg_iovlen, flags);
-    } else {
-        target_done(&t);
-        return RS_REAL(sendmsg)(fd, msg, flags);
-    }
-    target_done(&t);
-    return rs_ret(r);
+    if (t->dg)
+        return rs_dgram_sendmsg(t->dg, msg, flags);
+    return sdp_send(t, msg->msg_iov, (int)msg->msg_iovlen, flags);
+}
+
+/* send, sendto and write on a converted socket. Linux TCP ignores the address on a connected socket. */
+static ssize_t rdma_send(struct io_target *t, const void *buf, size_t len, int flags, const struct sockaddr *to,
+                         socklen_t tolen)
+{
+    if (t->dg)
+        return rs_dgram_sendto(t->dg, buf, len, flags, to, tolen);
+    struct iovec iov = { (void *)buf, len };
+    return sdp_send(t, &iov, 1, flags);
 }
 
 RS_EXPORT ssize_t sendmsg(int fd, const struct msghdr *msg, int flags)
 {
-    return do_sendmsg(fd, msg, flags);
+    struct io_target t;
+    if (!rdma_target(fd, &t))
+        return RS_REAL(sendmsg)(fd, msg, flags);
+    ssize_t r = rdma_sendmsg(&t, msg, flags);
+    target_done(&t);
+    return rs_ret(r);
 }
 
 RS_EXPORT ssize_t sendto(int fd, const void *buf, size_t len, int flags, const struct sockaddr *to, socklen_t tolen)
 {
     struct io_target t;
-    target_of(fd, &t);
-    ssize_t r;
-    if (t.dg) {
-        r = rs_dgram_sendto(t.dg, buf, len, flags, to, tolen);
-    } else if (target_is_rdma(&t)) {
-        struct iovec iov = { (void *)buf, len };
-        r = sdp_send(&t, &iov, 1, flags);       /* Linux TCP ignores the address on a connected socket */
-    } else {
-        target_done(&t);
+    if (!rdma_target(fd, &t))
         return RS_REAL(sendto)(fd, buf, len, flags, to, tolen);
-    }
+    ssize_t r = rdma_send(&t, buf, len, flags, to, tolen);
     target_done(&t);
     return rs_ret(r);
 }
@@ -317,57 +306,30 @@ RS_EXPORT ssize_t sendto(int fd, const void *buf, size_t len, int flags, const s
 RS_EXPORT ssize_t send(int fd, const void *buf, size_t len, int flags)
 {
     struct io_target t;
-    target_of(fd, &t);
-    ssize_t r;
-    if (t.dg) {
-        r = rs_dgram_sendto(t.dg, buf, len, flags, NULL, 0);
-    } else if (target_is_rdma(&t)) {
-        struct iovec iov = { (void *)buf, len };
-        r = sdp_send(&t, &iov, 1, flags);
-    } else {
-        target_done(&t);
+    if (!rdma_target(fd, &t))
         return RS_REAL(send)(fd, buf, len, flags);
-    }
+    ssize_t r = rdma_send(&t, buf, len, flags, NULL, 0);
     target_done(&t);
     return rs_ret(r);
 }
 
 RS_EXPORT ssize_t write(int fd, const void *buf, size_t len)
 {
-    if (!rs_fd_any(RS_FD_SOCK))
-        return RS_REAL(write)(fd, buf, len);
     struct io_target t;
-    target_of(fd, &t);
-    ssize_t r;
-    if (t.dg) {
-        r = rs_dgram_sendto(t.dg, buf, len, 0, NULL, 0);
-    } else if (target_is_rdma(&t)) {
-        struct iovec iov = { (void *)buf, len };
-        r = sdp_send(&t, &iov, 1, 0);
-    } else {
-        target_done(&t);
+    if (!rs_fd_any(RS_FD_SOCK) || !rdma_target(fd, &t))
         return RS_REAL(write)(fd, buf, len);
-    }
+    ssize_t r = rdma_send(&t, buf, len, 0, NULL, 0);
     target_done(&t);
     return rs_ret(r);
 }
 
 RS_EXPORT ssize_t writev(int fd, const struct iovec *iov, int iovcnt)
 {
-    if (!rs_fd_any(RS_FD_SOCK))
-        return RS_REAL(writev)(fd, iov, iovcnt);
     struct io_target t;
-    target_of(fd, &t);
-    ssize_t r;
-    if (t.dg) {
-        struct msghdr m = { .msg_iov = (struct iovec *)iov, .msg_iovlen = (size_t)iovcnt };
-        r = rs_dgram_sendmsg(t.dg, &m, 0);
-    } else if (target_is_rdma(&t)) {
-        r = sdp_send(&t, iov, iovcnt, 0);
-    } else {
-        target_done(&t);
+    if (!rs_fd_any(RS_FD_SOCK) || !rdma_target(fd, &t))
         return RS_REAL(writev)(fd, iov, iovcnt);
-    }
+    struct msghdr m = { .msg_iov = (struct iovec *)iov, .msg_iovlen = (size_t)iovcnt };
+    ssize_t r = rdma_sendmsg(&t, &m, 0);
     target_done(&t);
     return rs_ret(r);
 }
@@ -375,18 +337,19 @@ RS_EXPORT ssize_t writev(int fd, const struct iovec *iov, int iovcnt)
 RS_EXPORT int sendmmsg(int fd, struct mmsghdr *vec, unsigned int vlen, int flags)
 {
     struct io_target t;
-    target_of(fd, &t);
-    bool ours = target_is_rdma(&t);
-    target_done(&t);
-    if (!ours)
+    if (!rdma_target(fd, &t))
         return RS_REAL(sendmmsg)(fd, vec, vlen, flags);
     unsigned i;
+    ssize_t r = 0;
     for (i = 0; i < vlen; i++) {
-        ssize_t r = do_sendmsg(fd, &vec[i].msg_hdr, flags);
+        r = rdma_sendmsg(&t, &vec[i].msg_hdr, flags);
         if (r < 0)
-            return i > 0 ? (int)i : -1;
+            break;
         vec[i].msg_len = (unsigned)r;
     }
+    target_done(&t);
+    if (i == 0 && r < 0)
+        return (int)rs_ret(r);
     return (int)i;
 }
 
@@ -438,17 +401,10 @@ static ssize_t sendfile_sdp(struct io_target *t, int in_fd, off64_t *offset, siz
 RS_EXPORT ssize_t sendfile64(int out_fd, int in_fd, off64_t *offset, size_t count)
 {
     struct io_target t;
-    target_of(out_fd, &t);
-    if (!t.sdp && !t.inherited && !t.dg) {
-        target_done(&t);
+    if (!rdma_target(out_fd, &t))
         return RS_REAL(sendfile64)(out_fd, in_fd, offset, count);
-    }
-    ssize_t r;
-    if (t.dg) {
-        target_done(&t);
-        return rs_ret(-EINVAL);     /* as Linux for a datagram socket that is not connected; see docs */
-    }
-    r = t.inherited ? -EBADF : sendfile_sdp(&t, in_fd, offset, count);
+    /* A converted UDP socket: datagram-iWARP has no file path (docs/interception.md). */
+    ssize_t r = t.dg ? -EINVAL : t.inherited ? -EBADF : sendfile_sdp(&t, in_fd, offset, count);
     target_done(&t);
     return rs_ret(r);
 }
