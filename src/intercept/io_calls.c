@@ -78,7 +78,8 @@ static bool restart_after_eintr(struct io_target *t, const struct rs_signal_mark
     return true;
 }
 
-static ssize_t sdp_recv(struct io_target *t, const struct iovec *iov, int iovcnt, int flags)
+/* One byte-stream transfer on an SDP connection, restarted after EINTR where the kernel would restart it. */
+static ssize_t sdp_io(struct io_target *t, const struct iovec *iov, int iovcnt, int flags, bool sending)
 {
     if (t->inherited)
         return -EBADF;
@@ -86,26 +87,21 @@ static ssize_t sdp_recv(struct io_target *t, const struct iovec *iov, int iovcnt
     struct rs_signal_mark mark;
     do {
         rs_signal_mark(&mark);
-        r = rs_sdp_recvmsg(t->sdp, iov, iovcnt, flags);
-    } while (r == -EINTR && restart_after_eintr(t, &mark, SO_RCVTIMEO));
+        r = sending ? rs_sdp_sendmsg(t->sdp, iov, iovcnt, flags) : rs_sdp_recvmsg(t->sdp, iov, iovcnt, flags);
+    } while (r == -EINTR && restart_after_eintr(t, &mark, sending ? SO_SNDTIMEO : SO_RCVTIMEO));
     if (r > 0)
-        rs_isock_set_stats_io(t->s, 0, (size_t)r);
+        rs_isock_set_stats_io(t->s, sending ? (size_t)r : 0, sending ? 0 : (size_t)r);
     return r;
+}
+
+static ssize_t sdp_recv(struct io_target *t, const struct iovec *iov, int iovcnt, int flags)
+{
+    return sdp_io(t, iov, iovcnt, flags, false);
 }
 
 static ssize_t sdp_send(struct io_target *t, const struct iovec *iov, int iovcnt, int flags)
 {
-    if (t->inherited)
-        return -EBADF;
-    ssize_t r;
-    struct rs_signal_mark mark;
-    do {
-        rs_signal_mark(&mark);
-        r = rs_sdp_sendmsg(t->sdp, iov, iovcnt, flags);
-    } while (r == -EINTR && restart_after_eintr(t, &mark, SO_SNDTIMEO));
-    if (r > 0)
-        rs_isock_set_stats_io(t->s, (size_t)r, 0);
-    return r;
+    return sdp_io(t, iov, iovcnt, flags, true);
 }
 
 /* Fills msg's control buffer with one IP_RECVERR / IPV6_RECVERR message carrying ee (MSG_ZEROCOPY completions). */
