@@ -84,6 +84,7 @@ struct rs_rnic_ops {
                   const void *private_data, uint32_t private_data_len);
     int (*reject)(struct rs_rnic_conn_request *request, const void *private_data, uint32_t private_data_len);
     int (*disconnect)(struct rs_rnic_qp *qp);
+    int (*qp_local_addr)(const struct rs_rnic_qp *qp, struct sockaddr_storage *out);
 };
 
 /* A provider: how rs_rnic_open finds it. */

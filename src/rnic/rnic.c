@@ -2,6 +2,7 @@
  * into the provider that made the object (see provider.h). */
 #include <errno.h>
 #include <stddef.h>
+#include <string.h>
 
 #include "rnic/provider.h"
 
@@ -281,4 +282,12 @@ int rs_rnic_reject(struct rs_rnic_conn_request *request, const void *private_dat
 int rs_rnic_disconnect(struct rs_rnic_qp *qp)
 {
     return qp->rnic->ops->disconnect(qp);
+}
+
+int rs_rnic_qp_local_addr(const struct rs_rnic_qp *qp, struct sockaddr_storage *out)
+{
+    memset(out, 0, sizeof(*out));
+    if (!qp->rnic->ops->qp_local_addr)
+        return -EOPNOTSUPP;
+    return qp->rnic->ops->qp_local_addr(qp, out);
 }

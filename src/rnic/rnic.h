@@ -443,5 +443,9 @@ int rs_rnic_accept(struct rs_rnic_conn_request *request, struct rs_rnic_qp *qp, 
 int rs_rnic_reject(struct rs_rnic_conn_request *request, const void *private_data, uint32_t private_data_len);
 /* Orderly disconnect: outstanding work completes or flushes, then DISCONNECTED on both sides. */
 int rs_rnic_disconnect(struct rs_rnic_qp *qp);
+/* The local address of a connected RC QP, as its peer sees it (the peer's ESTABLISHED/CONNECT_REQUEST `peer`
+ * names the same address and port): what getsockname returns for a connected socket. -ENOTCONN before the QP was
+ * established. */
+int rs_rnic_qp_local_addr(const struct rs_rnic_qp *qp, struct sockaddr_storage *out);
 
 #endif /* RS_RNIC_RNIC_H */

@@ -561,6 +561,17 @@ static int cm_error_to_errno(const struct rs_rnic_cm_event *ev)
     }
 }
 
+/* Lock held. The connection's true local address (a wildcard listener's child learns which address the peer
+ * dialled; an active socket learns its port): what getsockname reports from now on. */
+static void learn_local_addr(struct rs_sdp_sock *s)
+{
+    struct sockaddr_storage a;
+    if (rs_rnic_qp_local_addr(s->qp, &a) == 0 && a.ss_family == s->family) {
+        s->local = a;
+        s->bound = true;
+    }
+}
+
 static void on_cm_event(struct rs_sdp_sock *s, struct rs_rnic_cm_event *ev)
 {
     if (s->state == SDP_ST_LISTEN || ev->type == RS_RNIC_CM_EV_CONNECT_REQUEST) {
@@ -587,10 +598,12 @@ static void on_cm_event(struct rs_sdp_sock *s, struct rs_rnic_cm_event *ev)
                 return;
             }
             s->state = SDP_ST_CONNECTED;
+            learn_local_addr(s);
             s->last_rx_ms = rs_sdp_now_ms();
             s->dirty = true;
         } else if (s->state == SDP_ST_ACCEPTING) {
             s->state = SDP_ST_CONNECTED;
+            learn_local_addr(s);
             s->last_rx_ms = rs_sdp_now_ms();
             if (s->parent)
                 child_established(s);

@@ -115,15 +115,22 @@ static void echo(int c)
 struct server_args {
     int lfd;
     int count;
+    /* The first accepted connection's names, as accept, getsockname and getpeername give them. */
+    struct sockaddr_in from_accept, local, peer;
+    bool names_taken;
 };
 
 static void *server_thread(void *arg)
 {
     struct server_args *a = arg;
     for (int i = 0; i < a->count; i++) {
-        int c = accept(a->lfd, NULL, NULL);
+        socklen_t fl = sizeof(a->from_accept), ll = sizeof(a->local), pl = sizeof(a->peer);
+        int c = accept(a->lfd, i == 0 ? (struct sockaddr *)&a->from_accept : NULL, i == 0 ? &fl : NULL);
         if (c < 0)
             break;
+        if (i == 0 && getsockname(c, (struct sockaddr *)&a->local, &ll) == 0 &&
+            getpeername(c, (struct sockaddr *)&a->peer, &pl) == 0)
+            __atomic_store_n(&a->names_taken, true, __ATOMIC_RELEASE);
         echo(c);
         close(c);
     }
@@ -178,7 +185,7 @@ static int run_local(int port)
     /* 1. blocking connect/accept, echo with integrity, names */
     int l = listen_on(AF_INET, port);
     CHECK(l >= 0, "listen on 127.0.0.1");
-    struct server_args sa = { l, 3 };
+    struct server_args sa = { .lfd = l, .count = 3 };
     pthread_t th;
     pthread_create(&th, NULL, server_thread, &sa);
     int c = socket(AF_INET, SOCK_STREAM, 0);
@@ -190,6 +197,18 @@ static int run_local(int port)
               peer.sin_addr.s_addr == dst.sin_addr.s_addr, "getpeername is the server");
     CHECK(connect(c, (struct sockaddr *)&dst, sizeof(dst)) == -1 && errno == EISCONN, "second connect: EISCONN");
     CHECK(echo_roundtrip(c, 4 << 20), "4 MiB echoed intact");
+    /* Both ends name the same connection, as TCP's four-tuple does (the server has accepted: the echo came back). */
+    struct sockaddr_in me;
+    socklen_t mlen = sizeof(me);
+    CHECK(getsockname(c, (struct sockaddr *)&me, &mlen) == 0 && mlen == sizeof(me) && me.sin_family == AF_INET &&
+              me.sin_port != 0 && me.sin_addr.s_addr == dst.sin_addr.s_addr,
+          "client getsockname: a real local address and port");
+    CHECK(__atomic_load_n(&sa.names_taken, __ATOMIC_ACQUIRE), "server took the accepted socket's names");
+    CHECK(sa.peer.sin_port == me.sin_port && sa.peer.sin_addr.s_addr == me.sin_addr.s_addr &&
+              sa.from_accept.sin_port == me.sin_port && sa.from_accept.sin_addr.s_addr == me.sin_addr.s_addr,
+          "server's getpeername and accept's address are the client's getsockname");
+    CHECK(sa.local.sin_port == htons((uint16_t)port) && sa.local.sin_addr.s_addr == dst.sin_addr.s_addr,
+          "server's getsockname is the listening address");
     int one = 1;
     CHECK(setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)) == 0, "TCP_NODELAY set");
     int v = 0;
@@ -327,7 +346,7 @@ static int run_serve(int port, int count)
         return 1;
     printf("listening\n");
     fflush(stdout);
-    struct server_args sa = { l, count };
+    struct server_args sa = { .lfd = l, .count = count };
     server_thread(&sa);
     return 0;
 }

@@ -303,6 +303,8 @@ static int fixture_teardown(void **state)
 /* Connects a to p through the listener; checks private data both ways when given. */
 static void connect_pair(struct fixture *f, const void *req_pd, uint32_t req_len, const void *rep_pd, uint32_t rep_len)
 {
+    struct sockaddr_storage a_local, p_local;
+    assert_int_equal(rs_rnic_qp_local_addr(f->a.qp, &a_local), -ENOTCONN);
     assert_int_equal(rs_rnic_connect(f->a.qp, f->a.cm, (struct sockaddr *)&f->listen_addr,
                                      sizeof(struct sockaddr_in), req_pd, req_len, WAIT_MS),
                      0);
@@ -314,6 +316,8 @@ static void connect_pair(struct fixture *f, const void *req_pd, uint32_t req_len
     assert_true(ev.private_data_len >= req_len);
     if (req_len)
         assert_memory_equal(ev.private_data, req_pd, req_len);
+    struct sockaddr_in req_peer;
+    memcpy(&req_peer, &ev.peer, sizeof(req_peer));
     assert_int_equal(rs_rnic_accept(ev.request, f->p.qp, f->p.cm, rep_pd, rep_len), 0);
     expect_event(f->a.cm, RS_RNIC_CM_EV_ESTABLISHED, &ev);
     assert_ptr_equal(ev.qp, f->a.qp);
@@ -324,6 +328,18 @@ static void connect_pair(struct fixture *f, const void *req_pd, uint32_t req_len
     assert_ptr_equal(ev.qp, f->p.qp);
     assert_int_equal(rs_rnic_qp_state(f->a.qp), RS_QPS_RTS);
     assert_int_equal(rs_rnic_qp_state(f->p.qp), RS_QPS_RTS);
+    /* Each end's local address is what the other end calls it: the four-tuple getsockname/getpeername report. */
+    assert_int_equal(rs_rnic_qp_local_addr(f->a.qp, &a_local), 0);
+    const struct sockaddr_in *a4 = (const struct sockaddr_in *)&a_local;
+    assert_int_equal(a4->sin_family, AF_INET);
+    assert_int_equal(a4->sin_port, req_peer.sin_port);
+    assert_int_equal(a4->sin_addr.s_addr, req_peer.sin_addr.s_addr);
+    assert_int_equal(rs_rnic_qp_local_addr(f->p.qp, &p_local), 0);
+    const struct sockaddr_in *p4 = (const struct sockaddr_in *)&p_local;
+    const struct sockaddr_in *l4 = (const struct sockaddr_in *)&f->listen_addr;
+    assert_int_equal(p4->sin_family, AF_INET);
+    assert_int_equal(p4->sin_port, l4->sin_port);
+    assert_int_not_equal(p4->sin_addr.s_addr, htonl(INADDR_ANY));
 }
 
 static void post_recv(struct rs_rnic_qp *qp, uint64_t wr_id, struct gbuf *b, size_t off, size_t len)

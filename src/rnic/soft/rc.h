@@ -191,6 +191,9 @@ struct rs_rc_qp {
     struct rs_soft_timer *timer;
     struct sockaddr_storage peer;
     socklen_t peer_len;
+    /* Our end as the peer names it (its `peer`), recorded before ESTABLISHED: the passive side reports the RDMA port
+     * the peer dialled, not the TCP port that carries it. Family 0 until then. */
+    struct sockaddr_storage local_addr;
     uint32_t fpdu_max;
 
     /* Active side before MPA: the TCP connection is up and the listener's greeting is being read; nothing has
@@ -344,6 +347,7 @@ int rs_rc_accept(struct rs_rnic_conn_request *request, struct rs_soft_qp *qp, st
                  const void *private_data, uint32_t private_data_len);
 int rs_rc_reject(struct rs_rnic_conn_request *request, const void *private_data, uint32_t private_data_len);
 int rs_rc_disconnect(struct rs_soft_qp *qp);
+int rs_rc_local_addr(const struct rs_soft_qp *qp, struct sockaddr_storage *out);
 void rs_rc_request_discard(struct rs_rnic_conn_request *request);
 
 /* =========================================== TEST ONLY ===================================================== */

@@ -130,6 +130,29 @@ static void sa_set_port(struct sockaddr_storage *a, uint16_t port)
         ((struct sockaddr_in *)a)->sin_port = htons(port);
 }
 
+/* Loop thread, just before ESTABLISHED. The active side's TCP port is the one its peer sees in `peer`; the passive
+ * side's is the listener's TCP port, P + offset, reported as the RDMA port P the peer connected to. */
+static void record_local_addr(struct rs_rc_qp *rc)
+{
+    socklen_t len = sizeof(rc->local_addr);
+    memset(&rc->local_addr, 0, sizeof(rc->local_addr));
+    if (rs_soft_sys_getsockname(rc->fd, (struct sockaddr *)&rc->local_addr, &len) != 0) {
+        memset(&rc->local_addr, 0, sizeof(rc->local_addr));
+        return;
+    }
+    if (!rc->active)
+        sa_set_port(&rc->local_addr, rdma_port_of(sa_port(&rc->local_addr)));
+}
+
+int rs_rc_local_addr(const struct rs_soft_qp *qp, struct sockaddr_storage *out)
+{
+    const struct rs_rc_qp *rc = qp->rc;
+    if (rc->local_addr.ss_family == 0)
+        return -ENOTCONN;
+    *out = rc->local_addr;
+    return 0;
+}
+
 /* Copies an application (RDMA port space) address and moves it to TCP's; -EADDRNOTAVAIL for an RDMA port that has
  * no TCP port (the one mapping to TCP 0), and for RDMA port 0 unless any_ok (listen: the kernel picks one). */
 static int to_tcp_addr(const struct sockaddr *a, socklen_t len, bool any_ok, struct sockaddr_storage *out)
@@ -410,6 +433,7 @@ static void read_reply(struct rs_rc_qp *rc)
     }
     if (rc->timer)
         rs_soft_timer_arm(rc->timer, 0);
+    record_local_addr(rc);
     rs_rc_enter_rts(rc);
     rs_rc_push_event(rc, RS_RNIC_CM_EV_ESTABLISHED, 0, rep.pd, rep.pd_len);
     rs_rc_tx_run(rc, true);
@@ -914,6 +938,7 @@ static void accept_loop(void *arg)
     pthread_mutex_unlock(&rc->tx_lock);
     rs_soft_cm_get(a->cm);
     rc->cm = a->cm;
+    record_local_addr(rc);
     rs_rc_enter_rts(rc);
     rs_rc_push_event(rc, RS_RNIC_CM_EV_ESTABLISHED, 0, NULL, 0);
     rs_rc_tx_run(rc, true);

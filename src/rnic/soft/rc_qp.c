@@ -386,6 +386,7 @@ const struct rs_soft_rc_ops rs_soft_rc_ops = {
     .accept = rs_rc_accept,
     .reject = rs_rc_reject,
     .disconnect = rs_rc_disconnect,
+    .local_addr = rs_rc_local_addr,
     .request_discard = rs_rc_request_discard,
 };
 

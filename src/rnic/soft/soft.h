@@ -547,6 +547,7 @@ struct rs_soft_rc_ops {
                   const void *private_data, uint32_t private_data_len);
     int (*reject)(struct rs_rnic_conn_request *request, const void *private_data, uint32_t private_data_len);
     int (*disconnect)(struct rs_soft_qp *qp);
+    int (*local_addr)(const struct rs_soft_qp *qp, struct sockaddr_storage *out);
     void (*request_discard)(struct rs_rnic_conn_request *request);
 };
 extern const struct rs_soft_rc_ops rs_soft_rc_ops;
@@ -624,6 +625,7 @@ int rs_soft_accept(struct rs_rnic_conn_request *request, struct rs_rnic_qp *qp, 
                    const void *private_data, uint32_t private_data_len);
 int rs_soft_reject(struct rs_rnic_conn_request *request, const void *private_data, uint32_t private_data_len);
 int rs_soft_disconnect(struct rs_rnic_qp *qp);
+int rs_soft_qp_local_addr(const struct rs_rnic_qp *qp, struct sockaddr_storage *out);
 
 /* =========================================== TEST ONLY ===================================================== */
 /*

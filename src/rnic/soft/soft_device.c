@@ -60,6 +60,7 @@ static const struct rs_rnic_ops soft_ops = {
     .accept = rs_soft_accept,
     .reject = rs_soft_reject,
     .disconnect = rs_soft_disconnect,
+    .qp_local_addr = rs_soft_qp_local_addr,
 };
 
 uint64_t rs_soft_now_ns(void)

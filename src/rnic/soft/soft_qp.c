@@ -431,3 +431,11 @@ int rs_soft_disconnect(struct rs_rnic_qp *pqp)
         return -EINVAL;
     return rs_soft_rc_ops.disconnect(qp);
 }
+
+int rs_soft_qp_local_addr(const struct rs_rnic_qp *pqp, struct sockaddr_storage *out)
+{
+    const struct rs_soft_qp *qp = rs_soft_qp((struct rs_rnic_qp *)pqp);
+    if (qp->type != RS_QPT_RC)
+        return -EINVAL;
+    return rs_soft_rc_ops.local_addr(qp, out);
+}

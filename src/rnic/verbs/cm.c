@@ -547,6 +547,18 @@ int rs_v_reject(struct rs_rnic_conn_request *request, const void *private_data, 
     return r;
 }
 
+/* rdma_cm's view of our end: the address and port its peer's rdma_get_peer_addr gives. */
+int rs_v_qp_local_addr(const struct rs_rnic_qp *base, struct sockaddr_storage *out)
+{
+    struct rs_v_qp *qp = rs_v_qp((struct rs_rnic_qp *)base);
+    pthread_mutex_lock(&qp->lock);
+    bool up = qp->id && qp->conn >= RS_V_CONN_CONNECTING;
+    if (up)
+        copy_addr(out, rdma_get_local_addr(qp->id));
+    pthread_mutex_unlock(&qp->lock);
+    return up && out->ss_family ? 0 : -ENOTCONN;
+}
+
 int rs_v_disconnect(struct rs_rnic_qp *base)
 {
     struct rs_v_qp *qp = rs_v_qp(base);

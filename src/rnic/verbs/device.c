@@ -70,6 +70,7 @@ const struct rs_rnic_ops rs_v_ops = {
     .accept = rs_v_accept,
     .reject = rs_v_reject,
     .disconnect = rs_v_disconnect,
+    .qp_local_addr = rs_v_qp_local_addr,
 };
 
 uint64_t rs_v_now_ms(void)

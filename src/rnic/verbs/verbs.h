@@ -434,6 +434,7 @@ int rs_v_accept(struct rs_rnic_conn_request *request, struct rs_rnic_qp *qp, str
                 const void *private_data, uint32_t private_data_len);
 int rs_v_reject(struct rs_rnic_conn_request *request, const void *private_data, uint32_t private_data_len);
 int rs_v_disconnect(struct rs_rnic_qp *qp);
+int rs_v_qp_local_addr(const struct rs_rnic_qp *qp, struct sockaddr_storage *out);
 /* Queues a provider-made event and wakes the channel. */
 void rs_v_cm_push(struct rs_v_cm *cm, const struct rs_rnic_cm_event *ev);
 void rs_v_cm_get(struct rs_v_cm *cm);
