@@ -383,6 +383,36 @@ void rs_stats_close(void)
         shm_unlink(current_name);
 }
 
+int rs_stats_republish(void)
+{
+    if (!rs_stats_is_shared())
+        return -1;
+    struct rs_stats_area *area = current_area;
+    if (area->header.pid != (int32_t)getpid())
+        return -1;
+    int fd = shm_open(current_name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (fd < 0)
+        return -1;
+    /* The unlinked object is still our mapping: copy it into the new one and map that at the same address, so
+     * every pointer into the area stays valid. An update landing between the copy and the remap is lost. */
+    int r = -1;
+    const char *p = (const char *)area;
+    size_t left = sizeof(*area);
+    while (left > 0) {
+        ssize_t n = write(fd, p, left);
+        if (n <= 0)
+            break;
+        p += n;
+        left -= (size_t)n;
+    }
+    if (left == 0 && mmap(area, sizeof(*area), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0) == area)
+        r = 0;
+    raw_close(fd);
+    if (r != 0)
+        shm_unlink(current_name);
+    return r;
+}
+
 /* ---- header text ---- */
 
 static void header_set_text(size_t offset, size_t len, const char *text)

@@ -95,6 +95,9 @@ void rs_stats_slot_add_io(int slot, uint64_t bytes_tx, uint64_t bytes_rx,
 /* Unlinks this process's object (registered with atexit). The mapping
  * stays valid because other threads may still be updating it. */
 void rs_stats_close(void);
+/* After rs_stats_close, when the process goes on (an exec that failed): publishes the area again under its name,
+ * with what it holds. 0, or -1 when it stays private. */
+int rs_stats_republish(void);
 
 /* ---- names (stable, for the CLI and logs) ---- */
 

@@ -1014,4 +1014,9 @@ void rs_isock_before_exec(void)
     rs_stats_close();
 }
 
-void rs_isock_exec_failed(void) {}
+void rs_isock_exec_failed(void)
+{
+    /* The program goes on in this image: so do its statistics (`rdmasock stat` finds them again). */
+    if (rs_stats_republish() != 0)
+        RS_DEBUG("statistics area not republished after the failed exec");
+}
