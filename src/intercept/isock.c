@@ -561,16 +561,26 @@ void rs_isock_revive(struct rs_isock *s, int fd)
     pthread_mutex_unlock(&s->lock);
 }
 
-/* A new application fd for an accepted SDP connection: a kernel socket that never connects stands for it. */
-static int install_accepted(struct rs_isock *l, struct rs_sdp_sock *sdp, int flags, const struct sockaddr_storage *peer,
-                            socklen_t peer_len)
+/* The application fd for an accepted SDP connection: a kernel socket that never connects stands for it. It is
+ * made before a connection is taken off the SDP accept queue, as Linux takes the fd before it looks at its queue:
+ * with no fd to give (EMFILE, ENFILE) accept fails and every connection stays queued. */
+static int make_placeholder(const struct rs_isock *l, int flags)
 {
     int fd = RS_REAL(socket)(l->family, SOCK_STREAM | (flags & (SOCK_NONBLOCK | SOCK_CLOEXEC)), 0);
-    if (fd < 0)
-        return -errno;
+    return fd >= 0 ? fd : -errno;
+}
+
+/* Gives the placeholder fd the accepted connection. On failure the fd is closed and the connection reset: it is off
+ * the queue and nobody would ever read it. */
+static int install_accepted(struct rs_isock *l, int fd, struct rs_sdp_sock *sdp, const struct sockaddr_storage *peer,
+                            socklen_t peer_len)
+{
     struct rs_isock *s = calloc(1, sizeof(*s));
     if (!s) {
         RS_REAL(close)(fd);
+        struct linger abort_on_close = { 1, 0 };
+        (void)rs_sdp_setsockopt(sdp, SOL_SOCKET, SO_LINGER, &abort_on_close, sizeof(abort_on_close));
+        rs_sdp_close(sdp);
         return -ENOMEM;
     }
     rs_fd_obj_init(&s->obj, RS_FD_SOCK, isock_destroy);
@@ -622,14 +632,21 @@ static int accept_once(struct rs_isock *s, int fd, struct sockaddr *addr, sockle
     bool kernel = s->kernel_listening || s->path == RS_IPATH_KERNEL;
     pthread_mutex_unlock(&s->lock);
     if (sdp) {
+        int placeholder = make_placeholder(s, flags);
+        if (placeholder < 0) {
+            rs_sdp_release(sdp);
+            return placeholder;
+        }
         struct rs_sdp_sock *ns;
         struct sockaddr_storage peer;
         socklen_t plen = sizeof(peer);
         int r = rs_sdp_accept(sdp, (flags & SOCK_NONBLOCK) ? RS_SDP_NONBLOCK : 0, &ns, (struct sockaddr *)&peer,
                               &plen);
         rs_sdp_release(sdp);
+        if (r != 0)
+            RS_REAL(close)(placeholder);
         if (r == 0) {
-            int nfd = install_accepted(s, ns, flags, &peer, plen);
+            int nfd = install_accepted(s, placeholder, ns, &peer, plen);
             if (nfd >= 0 && addr && len) {
                 struct rs_isock *n = rs_isock_get(nfd);
                 if (n) {

@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -336,6 +337,33 @@ static int run_local(int port)
     CHECK(connect(c, (struct sockaddr *)&none, sizeof(none)) == -1 && errno == ECONNREFUSED,
           "nobody listening: ECONNREFUSED");
     close(c);
+
+    /* 9. accept with no fd to give: EMFILE, and the connection stays queued for the next accept, as in Linux */
+    l = listen_on(AF_INET, port + 4);
+    c = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in d9 = addr4("127.0.0.1", port + 4);
+    CHECK(l >= 0 && connect(c, (struct sockaddr *)&d9, sizeof(d9)) == 0, "connect for the EMFILE check");
+    int lowest_free = dup(0);
+    close(lowest_free);
+    struct rlimit old_limit, tight;
+    getrlimit(RLIMIT_NOFILE, &old_limit);
+    tight = old_limit;
+    tight.rlim_cur = (rlim_t)lowest_free;
+    setrlimit(RLIMIT_NOFILE, &tight);
+    int na = accept(l, NULL, NULL);
+    int accept_errno = errno;
+    setrlimit(RLIMIT_NOFILE, &old_limit);
+    CHECK(na == -1 && accept_errno == EMFILE, "accept with no free fd: EMFILE");
+    if (na >= 0)
+        close(na);
+    na = accept(l, NULL, NULL);
+    CHECK(na >= 0, "the connection stayed queued: the next accept takes it");
+    char x = 0;
+    CHECK(na >= 0 && send(c, "x", 1, 0) == 1 && recv(na, &x, 1, MSG_WAITALL) == 1 && x == 'x', "and it carries data");
+    if (na >= 0)
+        close(na);
+    close(c);
+    close(l);
     return failures ? 1 : 0;
 }
 

@@ -42,9 +42,9 @@ wait_line() {   # wait_line FILE TEXT: until TEXT appears in FILE (5 s)
 
 # 1-2. The same program without and with rdmasock.
 timeout 60 "$bin" local "$base" > "$scratch/kernel.out" 2>&1
-check_tap_output "sockcheck on the kernel (control)" "$scratch/kernel.out" 46
+check_tap_output "sockcheck on the kernel (control)" "$scratch/kernel.out" 50
 RDMASOCK_CONF="$scratch/both.conf" LD_PRELOAD="$RS_LIB" timeout 60 "$bin" local "$((base + 10))" > "$scratch/sdp.out" 2>&1
-check_tap_output "sockcheck with every TCP socket on SDP" "$scratch/sdp.out" 46
+check_tap_output "sockcheck with every TCP socket on SDP" "$scratch/sdp.out" 50
 
 # 3-5. A both-mode listener under rdmasock serves a plain client and an rdmasock client on one port.
 port=$((base + 20))
