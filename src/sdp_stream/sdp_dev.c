@@ -9,8 +9,11 @@
  * handler forgets every device and bumps the epoch, so sockets created before the fork answer -EBADF in the child
  * and new sockets open fresh devices.
  */
+#include <arpa/inet.h>
 #include <errno.h>
+#include <netinet/in.h>
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -21,6 +24,68 @@ unsigned rs_sdp_epoch;
 
 static pthread_mutex_t dev_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct sdp_dev *devices;
+
+/* Which device an address (IP only; none or a wildcard: "any") was served by. Opening a verbs device to find out
+ * costs a context, an rdma_cm lookup and a progress thread started and stopped: per connection that dominated a
+ * short-connection server's accept rate. Addresses rarely move between devices; a process that sees one move keeps
+ * using the old device for it until it restarts. */
+#define DEV_ROUTES 16
+struct dev_route {
+    int kind;
+    bool any;
+    struct sockaddr_storage addr;
+    struct sdp_dev *dev;
+};
+static struct dev_route routes[DEV_ROUTES];
+static unsigned n_routes, next_route;
+
+static bool addr_is_any(const struct sockaddr *a)
+{
+    if (!a)
+        return true;
+    if (a->sa_family == AF_INET)
+        return ((const struct sockaddr_in *)a)->sin_addr.s_addr == htonl(INADDR_ANY);
+    if (a->sa_family == AF_INET6)
+        return IN6_IS_ADDR_UNSPECIFIED(&((const struct sockaddr_in6 *)a)->sin6_addr);
+    return false;
+}
+
+static bool same_ip(const struct sockaddr_storage *a, const struct sockaddr *b)
+{
+    if (a->ss_family != b->sa_family)
+        return false;
+    if (b->sa_family == AF_INET)
+        return ((const struct sockaddr_in *)a)->sin_addr.s_addr == ((const struct sockaddr_in *)b)->sin_addr.s_addr;
+    if (b->sa_family == AF_INET6)
+        return memcmp(&((const struct sockaddr_in6 *)a)->sin6_addr, &((const struct sockaddr_in6 *)b)->sin6_addr,
+                      sizeof(struct in6_addr)) == 0;
+    return false;
+}
+
+/* dev_lock held. */
+static struct sdp_dev *route_find(int kind, const struct sockaddr *local)
+{
+    bool any = addr_is_any(local);
+    for (unsigned i = 0; i < n_routes; i++) {
+        if (routes[i].kind == kind && routes[i].any == any && (any || same_ip(&routes[i].addr, local)))
+            return routes[i].dev;
+    }
+    return NULL;
+}
+
+/* dev_lock held. */
+static void route_add(int kind, const struct sockaddr *local, struct sdp_dev *dev)
+{
+    if (local && local->sa_family != AF_INET && local->sa_family != AF_INET6)
+        return;
+    struct dev_route *r = &routes[n_routes < DEV_ROUTES ? n_routes++ : next_route++ % DEV_ROUTES];
+    memset(r, 0, sizeof(*r));
+    r->kind = kind;
+    r->any = addr_is_any(local);
+    if (!r->any)
+        memcpy(&r->addr, local, local->sa_family == AF_INET ? sizeof(struct sockaddr_in) : sizeof(struct sockaddr_in6));
+    r->dev = dev;
+}
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
 
 static void after_fork_child(void)
@@ -29,6 +94,7 @@ static void after_fork_child(void)
      * threads which do not exist here. */
     pthread_mutex_init(&dev_lock, NULL);
     devices = NULL;
+    n_routes = next_route = 0;
     rs_sdp_epoch++;
 }
 
@@ -95,6 +161,12 @@ int rs_sdp_dev_get(int kind, const struct sockaddr *local, struct sdp_dev **out)
             }
         }
     }
+    struct sdp_dev *known = route_find(kind, local);
+    if (known) {
+        pthread_mutex_unlock(&dev_lock);
+        *out = known;
+        return 0;
+    }
     int r = rs_rnic_open(kind, local, &rnic);
     if (r != 0) {
         pthread_mutex_unlock(&dev_lock);
@@ -103,6 +175,7 @@ int rs_sdp_dev_get(int kind, const struct sockaddr *local, struct sdp_dev **out)
     const struct rs_rnic_caps *caps = rs_rnic_caps(rnic);
     for (struct sdp_dev *d = devices; d; d = d->next) {
         if ((int)d->caps->kind == (int)caps->kind && strcmp(d->caps->name, caps->name) == 0) {
+            route_add(kind, local, d);
             pthread_mutex_unlock(&dev_lock);
             rs_rnic_close(rnic);
             *out = d;
@@ -128,6 +201,7 @@ int rs_sdp_dev_get(int kind, const struct sockaddr *local, struct sdp_dev **out)
     }
     d->next = devices;
     devices = d;
+    route_add(kind, local, d);
     pthread_mutex_unlock(&dev_lock);
     RS_DEBUG("sdp: using RNIC %s (kind %d)", caps->name, d->kind);
     *out = d;
