@@ -82,7 +82,11 @@ void rs_sdp_on_recv(struct rs_sdp_sock *s, const struct rs_rnic_wc *wc)
     int r = rs_sdp_msg_check(buf, wc->byte_len, &h, &avail, &compl_len);
     if (r != 0) {
         rs_sdp_post_recv_buf(s, idx);
-        protocol_error(s, "malformed message, mid", buf[0]);
+        /* An empty SEND is legal RDMA: its buffer still holds an older message, so byte 0 is not its MID. */
+        if (wc->byte_len == 0)
+            protocol_error(s, "empty message, len", 0);
+        else
+            protocol_error(s, "malformed message, mid", buf[0]);
         return;
     }
     if (h.mseq != s->rx_mseq_last + 1) {
@@ -121,6 +125,14 @@ void rs_sdp_on_recv(struct rs_sdp_sock *s, const struct rs_rnic_wc *wc)
         if (s->disconn_rcvd) {
             rs_sdp_post_recv_buf(s, idx);
             protocol_error(s, "data after DisConn, len", payload);
+            return;
+        }
+        if (s->psrc.active) {
+            /* The source sends nothing more until its SrcAvail is resolved (SendSm or the last RdmaRdCompl).
+             * Queued behind it, this data would leave the SrcAvail stuck in the middle of the stream, where a
+             * SendSm cannot drop it: recv() would block for ever (or return EAGAIN while poll says readable). */
+            rs_sdp_post_recv_buf(s, idx);
+            protocol_error(s, "data while a SrcAvail is pending, len", payload);
             return;
         }
         rs_sdp_z_on_msg(s, &h, &avail, compl_len);

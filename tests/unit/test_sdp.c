@@ -805,6 +805,8 @@ static void test_credit_exhaustion_slow_reader(void **state)
     if (bad >= 0)
         fail_msg("byte %ld differs", bad);
     st = sdp_stats(c);
+    print_message("# slow reader: 4 MiB intact, %llu credit stalls, %llu credit updates\n",
+                  (unsigned long long)st.credit_stalls, (unsigned long long)sdp_stats(a).credit_updates_sent);
     assert_true(st.credit_stalls > 0);
     assert_true(sdp_stats(a).credit_updates_sent > 0);
     free(got);
@@ -963,6 +965,7 @@ static void test_peer_killed_mid_transfer(void **state)
         n = rs_sdp_recv(a, buf, sizeof(buf), 0);
     } while (n > 0 && now_ms() - t0 < 10000);
     uint64_t took = now_ms() - t0;
+    print_message("# peer killed: the reader got %zd after %llu ms\n", n, (unsigned long long)took);
     assert_int_equal(n, -ECONNRESET);
     assert_true(took < 2000);
     /* writing after that: EPIPE */
@@ -978,6 +981,7 @@ static void test_peer_killed_mid_transfer(void **state)
     do {
         r = rs_sdp_send(a, buf, sizeof(buf), MSG_NOSIGNAL);
     } while (r > 0 && now_ms() - t0 < 10000);
+    print_message("# peer killed: the writer got %zd after %llu ms\n", r, (unsigned long long)(now_ms() - t0));
     assert_true(r == -ECONNRESET || r == -EPIPE);
     assert_true(now_ms() - t0 < 2000);
     rs_sdp_close(a);

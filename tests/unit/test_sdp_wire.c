@@ -1,16 +1,24 @@
 /*
  * SDP wire layouts: the BSDH and extended headers byte for byte as Annex A4 (and Wireshark's SDP dissector) lay
- * them out, the 56-byte Hello, the HelloAck, and the receive-side validation of every message.
+ * them out, the 56-byte Hello, the HelloAck, and the receive-side validation of every message. The last tests
+ * drive rs_sdp_on_recv (what the progress step calls for a receive completion) on a socket without a QP, for
+ * protocol violations a correct peer never commits and tests over a real connection therefore cannot produce
+ * (found by tests/fuzz/fuzz_sdp_rx.c).
  */
 #include <errno.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
+#include "common/log.h"
+#include "sdp_stream/sdp_int.h"
 #include "sdp_stream/sdp_wire.h"
 
 static void test_bsdh_bytes(void **state)
@@ -206,6 +214,126 @@ static void test_seq_diff_wraps(void **state)
     assert_true(rs_sdp_seq_diff(0xffffffffu, 1) == -2);
 }
 
+/* ---- the receive side on a socket without a QP ---- */
+
+#define RX_NBUFS 4u
+#define RX_RBUF (4096u + RS_SDP_BSDH_LEN)
+
+static struct rs_sdp_sock *rx_socket(void)
+{
+    struct rs_sdp_sock *s = calloc(1, sizeof(*s));
+    assert_non_null(s);
+    s->notify_fd = -1;
+    s->state = SDP_ST_CONNECTED;
+    s->rbuf_size = RX_RBUF;
+    s->nbufs = RX_NBUFS;
+    s->rbuf_mem = calloc(RX_NBUFS, RX_RBUF);
+    s->rxq_cap = RX_NBUFS + 4;
+    s->rxq = calloc(s->rxq_cap, sizeof(*s->rxq));
+    assert_non_null(s->rbuf_mem);
+    assert_non_null(s->rxq);
+    s->peer_zcopy = true;
+    s->tx_mseq_next = 1;
+    s->peer_bufs = RX_NBUFS - 1;
+    return s;
+}
+
+static void rx_socket_free(struct rs_sdp_sock *s)
+{
+    free(s->rbuf_mem);
+    free(s->rxq);
+    free(s);
+}
+
+/* The RNIC placed n bytes of msg in receive buffer idx. */
+static void rx_deliver(struct rs_sdp_sock *s, uint32_t idx, const uint8_t *msg, uint32_t n)
+{
+    memcpy(s->rbuf_mem + (size_t)idx * s->rbuf_size, msg, n);
+    struct rs_rnic_wc wc = { .wr_id = idx, .status = RS_WC_SUCCESS, .opcode = RS_WC_RECV, .byte_len = n };
+    rs_sdp_on_recv(s, &wc);
+}
+
+/* The next message of the peer's stream: BSDH (and extended header, payload) in out; returns its length. */
+static uint32_t rx_msg(struct rs_sdp_sock *s, uint8_t mid, uint32_t avail_len, const char *payload, uint8_t *out)
+{
+    uint32_t plen = payload ? (uint32_t)strlen(payload) : 0;
+    struct rs_sdp_bsdh h = { .mid = mid, .bufs = 3, .len = rs_sdp_hdr_len(mid) + plen, .mseq = s->rx_mseq_last + 1,
+                             .mseq_ack = 0 };
+    if (mid == RS_SDP_MID_SRC_AVAIL) {
+        struct rs_sdp_avail a = { .len = avail_len, .rkey = 0x42, .vaddr = 0x10000 };
+        rs_sdp_avail_encode(&h, &a, out);
+    } else {
+        rs_sdp_bsdh_encode(&h, out);
+    }
+    if (plen)
+        memcpy(out + rs_sdp_hdr_len(mid), payload, plen);
+    return h.len;
+}
+
+static void test_rx_data_behind_srcavail_refused(void **state)
+{
+    (void)state;
+    uint8_t m[64];
+    /* What a correct source does: SrcAvail, then (after the receiver's SendSm) the bytes as Data. */
+    struct rs_sdp_sock *s = rx_socket();
+    rx_deliver(s, 0, m, rx_msg(s, RS_SDP_MID_SRC_AVAIL, 65536, NULL, m));
+    assert_true(s->psrc.active);
+    assert_int_equal(s->rxq_count, 1);
+    rx_deliver(s, 1, m, rx_msg(s, RS_SDP_MID_SRC_CANCEL, 0, NULL, m));
+    assert_false(s->psrc.active);
+    assert_int_equal(s->rxq_count, 0);
+    rx_deliver(s, 2, m, rx_msg(s, RS_SDP_MID_DATA, 0, "by copy", m));
+    assert_int_equal(s->state, SDP_ST_CONNECTED);
+    assert_int_equal(s->rxq_count, 1);
+    assert_int_equal(s->rx_bytes_queued, 7);
+    rx_socket_free(s);
+
+    /* A source that sends Data while its SrcAvail is pending breaks the stream: queued behind the SrcAvail, the
+     * data would leave it stuck mid-stream and recv() blocked for ever. The connection is reset with EPROTO. */
+    s = rx_socket();
+    rx_deliver(s, 0, m, rx_msg(s, RS_SDP_MID_SRC_AVAIL, 65536, NULL, m));
+    rx_deliver(s, 1, m, rx_msg(s, RS_SDP_MID_DATA, 0, "too early", m));
+    assert_int_equal(s->state, SDP_ST_CLOSED);
+    assert_int_equal(s->so_error, EPROTO);
+    assert_int_equal(s->rxq_count, 0);
+    assert_int_equal(s->rx_bytes_queued, 0);
+    rx_socket_free(s);
+}
+
+static void test_rx_empty_message_refused(void **state)
+{
+    (void)state;
+    char path[] = "/tmp/test_sdp_wire_log.XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    char spec[64];
+    snprintf(spec, sizeof(spec), "warn,file:%s", path);
+    assert_int_equal(rs_log_configure(spec, NULL, 0), 0);
+
+    uint8_t m[64];
+    struct rs_sdp_sock *s = rx_socket();
+    rx_deliver(s, 0, m, rx_msg(s, RS_SDP_MID_DATA, 0, "abc", m));
+    assert_int_equal(s->rxq_count, 1);
+    /* A zero-length SEND into buffer 1 after buffer 1 held a Data message: byte 0 is stale, not a MID. */
+    memcpy(s->rbuf_mem + RX_RBUF, m, 16);
+    rx_deliver(s, 1, m, 0);
+    assert_int_equal(s->state, SDP_ST_CLOSED);
+    assert_int_equal(s->so_error, EPROTO);
+    rx_socket_free(s);
+
+    assert_int_equal(rs_log_configure(NULL, NULL, 0), 0);
+    char text[1024] = "";
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    size_t got = fread(text, 1, sizeof(text) - 1, f);
+    text[got] = 0;
+    fclose(f);
+    unlink(path);
+    assert_non_null(strstr(text, "empty message"));
+    assert_null(strstr(text, "mid 255"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -215,6 +343,8 @@ int main(void)
         cmocka_unit_test(test_hello_fits_rdma_cm),
         cmocka_unit_test(test_hello_ack),
         cmocka_unit_test(test_seq_diff_wraps),
+        cmocka_unit_test(test_rx_data_behind_srcavail_refused),
+        cmocka_unit_test(test_rx_empty_message_refused),
     };
     return cmocka_run_group_tests_name("sdp_wire", tests, NULL, NULL);
 }

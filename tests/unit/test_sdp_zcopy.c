@@ -139,6 +139,9 @@ static void test_switch_over(void **state)
     if (bad >= 0)
         fail_msg("stream differs at %ld", bad);
     struct rs_sdp_stats sc = sdp_stats(c);
+    print_message("# switch-over: %zu bytes intact, %llu Data messages, %llu bytes by SrcAvail, %llu into sinks\n",
+                  total, (unsigned long long)sc.data_msgs_sent, (unsigned long long)sc.zcopy_src_bytes,
+                  (unsigned long long)sc.zcopy_sink_bytes);
     assert_true(sc.data_msgs_sent > 0);
     assert_true(sc.zcopy_src_bytes + sc.zcopy_sink_bytes > 0);
     free(data);
