@@ -998,7 +998,13 @@ static void fork_visit(int fd, struct rs_fd_obj *obj, void *arg)
             s->sdp = NULL;      /* the parent's; its memory is the parent's copy, never used here */
             bump_generation(s);
         } else {
-            detach_sdp(s, true);
+            /* Parked, not closed: where the RNIC can share it (soft), clients connecting before some process of
+             * the family listens again wait in its backlog instead of being refused. */
+            struct rs_sdp_sock *sdp = s->sdp;
+            rs_sdp_hold(sdp);
+            detach_sdp(s, false);
+            rs_sdp_close_parked(sdp);
+            rs_sdp_release(sdp);
         }
         s->dormant = true;
     }
@@ -1028,6 +1034,14 @@ void rs_isock_before_exec(void)
     /* The new image starts without rdmasock state; its own preload (if any) creates a fresh statistics area
      * under the same pid, so this one must go first. Converted sockets that survive the exec (no CLOEXEC) become
      * the unconnected kernel sockets that stand for them: documented in docs/interception.md. */
+    rs_stats_close();
+}
+
+void rs_isock_before_exit(void)
+{
+    /* What exit() does through atexit: closed connections deliver their last bytes (bounded), and the statistics
+     * area is withdrawn. */
+    rs_sdp_exit_now();
     rs_stats_close();
 }
 

@@ -72,6 +72,7 @@ void rs_isock_fork_parent(void);
 void rs_isock_fork_child(void);
 void rs_isock_before_exec(void);            /* an exec is about to replace the image */
 void rs_isock_exec_failed(void);            /* ... and did not */
+void rs_isock_before_exit(void);            /* _exit/_Exit: the process ends without its atexit handlers */
 
 /* Bumped at every fork (parent and child): waiters that keep registrations revalidate them when it changed. */
 uint32_t rs_isock_fork_generation(void);

@@ -43,6 +43,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
@@ -108,6 +109,22 @@ static pid_t do_fork(void)
 }
 
 RS_EXPORT pid_t fork(void) { return do_fork(); }
+
+/* _exit skips atexit, where exit() lets rdmasock finish what the kernel would finish for TCP: data written and
+ * closed but not yet delivered (forked children commonly leave with _exit). */
+RS_EXPORT void _exit(int status)
+{
+    rs_isock_before_exit();
+    for (;;)
+        syscall(SYS_exit_group, status);
+}
+
+RS_EXPORT void _Exit(int status)
+{
+    rs_isock_before_exit();
+    for (;;)
+        syscall(SYS_exit_group, status);
+}
 
 RS_EXPORT pid_t vfork(void) { return do_fork(); }
 

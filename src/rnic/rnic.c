@@ -259,6 +259,14 @@ int rs_rnic_listener_addr(const struct rs_rnic_listener *listener, struct sockad
     return listener->rnic->ops->listener_addr(listener, out);
 }
 
+void rs_rnic_listener_park(struct rs_rnic_listener *listener)
+{
+    if (listener->rnic->ops->listener_park)
+        listener->rnic->ops->listener_park(listener);
+    else
+        listener->rnic->ops->listener_close(listener);
+}
+
 void rs_rnic_listener_close(struct rs_rnic_listener *listener)
 {
     listener->rnic->ops->listener_close(listener);

@@ -432,6 +432,11 @@ int rs_rnic_listen(struct rs_rnic_cm *cm, const struct sockaddr *addr, socklen_t
                    struct rs_rnic_listener **out);
 int rs_rnic_listener_addr(const struct rs_rnic_listener *listener, struct sockaddr_storage *out);
 void rs_rnic_listener_close(struct rs_rnic_listener *listener);
+/* For a listener that goes dormant at fork: like rs_rnic_listener_close, except that a provider whose listening
+ * endpoint is shared with forked processes (the soft RNIC: a kernel TCP socket, inherited) keeps it open, parked:
+ * connections wait in its backlog until a process of the family listens on the same address again, and that
+ * rs_rnic_listen adopts it. Providers that cannot share one (verbs: an rdma_cm id is per process) close it. */
+void rs_rnic_listener_park(struct rs_rnic_listener *listener);
 
 /* Starts connecting qp; completes with ESTABLISHED, REJECTED, UNREACHABLE or TIMEOUT on cm. Never blocks. */
 int rs_rnic_connect(struct rs_rnic_qp *qp, struct rs_rnic_cm *cm, const struct sockaddr *dst, socklen_t len,

@@ -101,6 +101,13 @@ int rs_sdp_shutdown(struct rs_sdp_sock *s, int how);
  * the connection still closes in the background).
  */
 int rs_sdp_close(struct rs_sdp_sock *s);
+/* rs_sdp_close for a listener that goes dormant at fork: its RNIC endpoint is parked where the RNIC can share it
+ * with the other processes (rs_rnic_listener_park), so connections wait for whichever process listens next. */
+int rs_sdp_close_parked(struct rs_sdp_sock *s);
+/* The process ends without exit() (_exit, _Exit): connections the program closed are still delivering what was
+ * written; give them the time exit() gives them, as the kernel delivers a closed TCP socket's data after the process
+ * is gone. */
+void rs_sdp_exit_now(void);
 
 /* References for callers that share one socket between threads (see Lifetime above). */
 void rs_sdp_hold(struct rs_sdp_sock *s);

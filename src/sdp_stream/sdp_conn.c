@@ -843,7 +843,10 @@ static void close_listener(struct rs_sdp_sock *s)
 {
     s->state = SDP_ST_CLOSED;
     if (s->listener) {
-        rs_rnic_listener_close(s->listener);
+        if (s->park_listener)
+            rs_rnic_listener_park(s->listener);
+        else
+            rs_rnic_listener_close(s->listener);
         s->listener = NULL;
     }
     struct rs_sdp_sock *q = s->acceptq_head;
@@ -908,6 +911,16 @@ void rs_sdp_exit_close(struct rs_sdp_sock *s)
         rs_sdp_signal(s);
     }
     pthread_mutex_unlock(&s->lock);
+}
+
+int rs_sdp_close_parked(struct rs_sdp_sock *s)
+{
+    if (rs_sdp_check_epoch(s) != 0)
+        return 0;
+    pthread_mutex_lock(&s->lock);
+    s->park_listener = s->state == SDP_ST_LISTEN;
+    pthread_mutex_unlock(&s->lock);
+    return rs_sdp_close(s);
 }
 
 int rs_sdp_close(struct rs_sdp_sock *s)

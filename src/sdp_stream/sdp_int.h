@@ -113,6 +113,7 @@ struct rs_sdp_sock {
     int kind_wanted;
     enum sdp_state state;
     bool app_closed;                /* rs_sdp_close was called */
+    bool park_listener;             /* rs_sdp_close_parked: park the RNIC listener rather than close it */
     bool nonblock;
     bool bound;
     bool peer_valid;

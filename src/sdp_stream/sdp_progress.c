@@ -383,14 +383,9 @@ static void close_unclosed_locked(void)
     pthread_mutex_lock(&P.lock);
 }
 
-void rs_sdp_progress_exit_flush(uint64_t budget_ms)
+/* P.lock held; returns with it held (released while waiting). */
+static void wait_orphans_locked(uint64_t budget_ms)
 {
-    pthread_mutex_lock(&P.lock);
-    if (!P.running || P.epoch != rs_sdp_epoch || rs_sdp_progress_on_loop()) {
-        pthread_mutex_unlock(&P.lock);
-        return;
-    }
-    close_unclosed_locked();
     if (P.orphans > 0)
         RS_DEBUG("sdp: exit waits for %d closing connection(s)", P.orphans);
     struct timespec until;
@@ -407,5 +402,27 @@ void rs_sdp_progress_exit_flush(uint64_t budget_ms)
     }
     if (P.orphans > 0)
         RS_WARN("sdp: process exits with %d connection(s) still closing; their peers will see a reset", P.orphans);
+}
+
+void rs_sdp_progress_exit_flush(uint64_t budget_ms)
+{
+    pthread_mutex_lock(&P.lock);
+    if (!P.running || P.epoch != rs_sdp_epoch || rs_sdp_progress_on_loop()) {
+        pthread_mutex_unlock(&P.lock);
+        return;
+    }
+    close_unclosed_locked();
+    wait_orphans_locked(budget_ms);
+    pthread_mutex_unlock(&P.lock);
+}
+
+void rs_sdp_exit_now(void)
+{
+    /* _exit may be called from a signal handler that interrupted this very code: never wait for the lock, and
+     * leave sockets the program did not close alone (closing one takes its lock). */
+    if (pthread_mutex_trylock(&P.lock) != 0)
+        return;
+    if (P.running && P.epoch == rs_sdp_epoch && !rs_sdp_progress_on_loop())
+        wait_orphans_locked(SDP_EXIT_FLUSH_MS);
     pthread_mutex_unlock(&P.lock);
 }

@@ -1036,6 +1036,48 @@ static void fork_case(bool use_epoll)
 static void t_fork_poll_listener(void) { fork_case(false); }
 static void t_fork_epoll_listener(void) { fork_case(true); }
 
+/* A client that connects right after the fork, before any process has looked at the listener again: a kernel
+ * listener keeps its backlog across fork, so the connection waits for the child (which starts 200 ms late). */
+static void t_fork_connect_first(void)
+{
+    fflush(stdout);
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        usleep(200000);
+        struct pollfd p = { .fd = listener, .events = POLLIN };
+        if (poll(&p, 1, 5000) != 1)
+            _exit(11);
+        int s = accept(listener, NULL, NULL);
+        if (s < 0)
+            _exit(13);
+        struct pollfd q = { .fd = s, .events = POLLIN };
+        char b;
+        if (poll(&q, 1, 5000) != 1 || read(s, &b, 1) != 1 || write(s, &b, 1) != 1)
+            _exit(14);
+        close(s);
+        _exit(0);
+    }
+    int c = connect_client();
+    CHECK(c >= 0);
+    bool converted = side_as_expected(c);
+    bool sent = put(c, "f");
+    struct pollfd p = { .fd = c, .events = POLLIN };
+    char b = 0;
+    bool echoed = poll(&p, 1, 5000) == 1 && read(c, &b, 1) == 1 && b == 'f';
+    close(c);
+    if (current_failed || !echoed)
+        kill(pid, SIGKILL);
+    int status;
+    CHECK(waitpid(pid, &status, 0) == pid);
+    CHECK(converted);
+    CHECK(sent);
+    CHECK(echoed, "echo from the child that listened late");
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child status 0x%x", status);
+    struct pollfd lp = { .fd = listener, .events = POLLIN };
+    poll(&lp, 1, 0);
+}
+
 /* ---- main ---- */
 
 struct check {
@@ -1077,6 +1119,7 @@ static const struct check checks[] = {
     { "no_spin_for_others", t_no_spin_for_others },
     { "fork_poll_listener", t_fork_poll_listener },
     { "fork_epoll_listener", t_fork_epoll_listener },
+    { "fork_connect_first", t_fork_connect_first },
 };
 
 static void on_alarm(int sig)

@@ -341,6 +341,7 @@ int rs_rc_listen(struct rs_soft_cm *cm, const struct sockaddr *addr, socklen_t l
                  struct rs_rnic_listener **out);
 int rs_rc_listener_addr(const struct rs_rnic_listener *listener, struct sockaddr_storage *out);
 void rs_rc_listener_close(struct rs_rnic_listener *listener);
+void rs_rc_listener_park(struct rs_rnic_listener *listener);
 int rs_rc_connect(struct rs_soft_qp *qp, struct rs_soft_cm *cm, const struct sockaddr *dst, socklen_t len,
                   const void *private_data, uint32_t private_data_len, uint32_t timeout_ms);
 int rs_rc_accept(struct rs_rnic_conn_request *request, struct rs_soft_qp *qp, struct rs_soft_cm *cm,

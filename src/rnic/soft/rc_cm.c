@@ -51,6 +51,7 @@ struct rs_rc_listener {
     struct rs_soft_watch *watch;
     struct rs_mpa_local local;
     struct rs_rc_pending *pending;
+    bool park;                      /* closing for fork dormancy: the socket stays open, parked (soft_fork.c) */
 };
 
 /* A complete, acceptable MPA Request waiting for the application's accept or reject. */
@@ -833,7 +834,14 @@ int rs_rc_listen(struct rs_soft_cm *cm, const struct sockaddr *addr, socklen_t l
         return -ENOMEM;
     int fd = -1;
     uint16_t port = 0;
-    r = listen_socket(&tcp_addr, len, backlog, &fd, &port);
+    /* A listener of this address that went dormant at a fork (here or in an ancestor) still holds the port and
+     * perhaps connections in its backlog: take it over rather than opening a second one beside it. */
+    if (sa_port(&tcp_addr) != 0 && (fd = rs_soft_listener_fd_take(&tcp_addr)) >= 0) {
+        (void)rs_soft_sys_listen(fd, backlog > 0 ? backlog : 128);
+        port = sa_port(&tcp_addr);
+    } else {
+        r = listen_socket(&tcp_addr, len, backlog, &fd, &port);
+    }
     if (r == 0 && rdma_port_of(port) == 0) {
         /* The kernel picked the one TCP port that is RDMA port 0, which nobody can connect to: take another while
          * still holding that one, so the kernel cannot hand it out again. */
@@ -849,6 +857,7 @@ int rs_rc_listen(struct rs_soft_cm *cm, const struct sockaddr *addr, socklen_t l
     l->dev = cm->dev;
     l->cm = cm;
     l->fd = fd;
+    rs_soft_fd_listening(fd);
     l->local = default_local(cm->dev);
     rs_soft_cm_get(cm);
     l->watch = rs_soft_watch_add(cm->dev, fd, RS_SOFT_EV_READ, listener_cb, l);
@@ -880,18 +889,33 @@ static void listener_close_loop(void *arg)
     l->watch = NULL;
     while (l->pending)
         pending_close(l->pending, true);
-    rs_soft_sys_close(l->fd);
+    if (l->park)
+        rs_soft_listener_fd_park(l->fd);
+    else
+        rs_soft_sys_close(l->fd);
     l->fd = -1;
+}
+
+static void listener_end(struct rs_rc_listener *l, bool park)
+{
+    if (!l)
+        return;
+    l->park = park;
+    rs_soft_progress_call_sync(l->dev, listener_close_loop, l);
+    rs_soft_cm_put(l->cm);
+    free(l);
 }
 
 void rs_rc_listener_close(struct rs_rnic_listener *listener)
 {
-    struct rs_rc_listener *l = (struct rs_rc_listener *)listener;
-    if (!l)
-        return;
-    rs_soft_progress_call_sync(l->dev, listener_close_loop, l);
-    rs_soft_cm_put(l->cm);
-    free(l);
+    listener_end((struct rs_rc_listener *)listener, false);
+}
+
+/* Connections already taken off the backlog (greeting or MPA under way) are reset as by a close; the ones still in
+ * the kernel's backlog wait there for whichever process adopts the socket next. */
+void rs_rc_listener_park(struct rs_rnic_listener *listener)
+{
+    listener_end((struct rs_rc_listener *)listener, true);
 }
 
 /* ---- accept / reject ---- */

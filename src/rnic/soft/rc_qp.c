@@ -382,6 +382,7 @@ const struct rs_soft_rc_ops rs_soft_rc_ops = {
     .listen = rs_rc_listen,
     .listener_addr = rs_rc_listener_addr,
     .listener_close = rs_rc_listener_close,
+    .listener_park = rs_rc_listener_park,
     .connect = rs_rc_connect,
     .accept = rs_rc_accept,
     .reject = rs_rc_reject,

@@ -85,6 +85,12 @@ static inline long rs_soft_sys_ret(long r) { return r < 0 ? -errno : r; }
  */
 void rs_soft_fd_owned(int fd);
 void rs_soft_fd_released(int fd);
+/* Listening sockets are the exception: a child keeps its copies, parked, and so does a process whose listener goes
+ * dormant at fork (rs_rnic_listener_park). The kernel socket and its backlog then outlive the fork in every process
+ * of the family, as a TCP listener does, and the next rs_rnic_listen on the same address adopts a parked copy. */
+void rs_soft_fd_listening(int fd);
+void rs_soft_listener_fd_park(int fd);
+int rs_soft_listener_fd_take(const struct sockaddr_storage *tcp_addr);     /* the fd, or -1 */
 
 static inline int rs_soft_sys_socket(int domain, int type, int protocol)
 {
@@ -541,6 +547,7 @@ struct rs_soft_rc_ops {
                   struct rs_rnic_listener **out);
     int (*listener_addr)(const struct rs_rnic_listener *listener, struct sockaddr_storage *out);
     void (*listener_close)(struct rs_rnic_listener *listener);
+    void (*listener_park)(struct rs_rnic_listener *listener);
     int (*connect)(struct rs_soft_qp *qp, struct rs_soft_cm *cm, const struct sockaddr *dst, socklen_t len,
                    const void *private_data, uint32_t private_data_len, uint32_t timeout_ms);
     int (*accept)(struct rs_rnic_conn_request *request, struct rs_soft_qp *qp, struct rs_soft_cm *cm,
@@ -618,6 +625,7 @@ int rs_soft_cm_get_event(struct rs_rnic_cm *cm, struct rs_rnic_cm_event *ev);
 int rs_soft_listen(struct rs_rnic_cm *cm, const struct sockaddr *addr, socklen_t len, int backlog,
                    struct rs_rnic_listener **out);
 int rs_soft_listener_addr(const struct rs_rnic_listener *listener, struct sockaddr_storage *out);
+void rs_soft_listener_park(struct rs_rnic_listener *listener);
 void rs_soft_listener_close(struct rs_rnic_listener *listener);
 int rs_soft_connect(struct rs_rnic_qp *qp, struct rs_rnic_cm *cm, const struct sockaddr *dst, socklen_t len,
                     const void *private_data, uint32_t private_data_len, uint32_t timeout_ms);

@@ -150,6 +150,11 @@ int rs_soft_listener_addr(const struct rs_rnic_listener *listener, struct sockad
     return rs_soft_rc_ops.listener_addr(listener, out);
 }
 
+void rs_soft_listener_park(struct rs_rnic_listener *listener)
+{
+    rs_soft_rc_ops.listener_park(listener);
+}
+
 void rs_soft_listener_close(struct rs_rnic_listener *listener)
 {
     rs_soft_rc_ops.listener_close(listener);

@@ -56,6 +56,7 @@ static const struct rs_rnic_ops soft_ops = {
     .listen = rs_soft_listen,
     .listener_addr = rs_soft_listener_addr,
     .listener_close = rs_soft_listener_close,
+    .listener_park = rs_soft_listener_park,
     .connect = rs_soft_connect,
     .accept = rs_soft_accept,
     .reject = rs_soft_reject,

@@ -2,14 +2,23 @@
  * soft_fork.c: the soft RNIC's sockets in a forked child.
  *
  * The RNIC state (QPs, the progress thread) stays with the process that created it; a child gets copies of its
- * sockets' fds but nothing that serves them. Those copies are harmful, not just idle: a listening socket shares
- * its port with the parent's under SO_REUSEPORT and the kernel hands it connections nobody accepts, and a
- * connected socket keeps the TCP connection open after the parent closes it, so the peer never sees the FIN.
+ * sockets' fds but nothing that serves them. A connected socket's copy is harmful, not just idle: it keeps the TCP
+ * connection open after the parent closes it, so the peer never sees the FIN.
  * So every socket the soft RNIC created is recorded here, and the child closes its copies in an atfork handler,
  * before any code of the child can run. Fds of the application (a UDP socket a UD QP adopted) are never recorded.
+ *
+ * Listening sockets are kept instead, parked: a TCP listener survives fork in every process, with its backlog, and
+ * so must the RDMA port image, or a client that connects between the fork and the moment some process listens
+ * again would be refused. A parked socket is watched by nobody (connections wait in the kernel's backlog); the
+ * next rs_rnic_listen of the same address in this process adopts it. A listener going dormant at fork in the
+ * parent is parked the same way (rs_rnic_listener_park).
  */
+#include <netinet/in.h>
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdint.h>
+#include <string.h>
+#include <sys/socket.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -17,6 +26,73 @@
 
 #define OWNED_MAX_FD (1u << 20)                 /* the kernel's default nr_open */
 static uint64_t owned[OWNED_MAX_FD / 64];        /* bit per fd; atomic updates */
+static uint64_t listening[OWNED_MAX_FD / 64];    /* subset of owned: listening sockets */
+
+#define PARKED_MAX 64
+static pthread_mutex_t parked_lock = PTHREAD_MUTEX_INITIALIZER;
+static int parked[PARKED_MAX];
+static unsigned n_parked;
+
+static bool fd_bit(const uint64_t *set, int fd)
+{
+    return fd >= 0 && (unsigned)fd < OWNED_MAX_FD &&
+           (__atomic_load_n(&set[(unsigned)fd / 64], __ATOMIC_RELAXED) >> ((unsigned)fd % 64)) & 1;
+}
+
+void rs_soft_fd_listening(int fd)
+{
+    if (fd >= 0 && (unsigned)fd < OWNED_MAX_FD)
+        __atomic_or_fetch(&listening[(unsigned)fd / 64], 1ull << ((unsigned)fd % 64), __ATOMIC_RELAXED);
+}
+
+void rs_soft_listener_fd_park(int fd)
+{
+    pthread_mutex_lock(&parked_lock);
+    if (n_parked < PARKED_MAX) {
+        parked[n_parked++] = fd;
+        fd = -1;
+    }
+    pthread_mutex_unlock(&parked_lock);
+    if (fd >= 0)
+        rs_soft_sys_close(fd);      /* no room: behave as before parking existed */
+}
+
+static bool same_tcp_addr(const struct sockaddr_storage *a, const struct sockaddr_storage *b)
+{
+    if (a->ss_family != b->ss_family)
+        return false;
+    if (a->ss_family == AF_INET) {
+        const struct sockaddr_in *x = (const struct sockaddr_in *)a, *y = (const struct sockaddr_in *)b;
+        return x->sin_port == y->sin_port && x->sin_addr.s_addr == y->sin_addr.s_addr;
+    }
+    if (a->ss_family == AF_INET6) {
+        const struct sockaddr_in6 *x = (const struct sockaddr_in6 *)a, *y = (const struct sockaddr_in6 *)b;
+        return x->sin6_port == y->sin6_port && memcmp(&x->sin6_addr, &y->sin6_addr, sizeof(x->sin6_addr)) == 0;
+    }
+    return false;
+}
+
+int rs_soft_listener_fd_take(const struct sockaddr_storage *tcp_addr)
+{
+    int found = -1;
+    pthread_mutex_lock(&parked_lock);
+    for (unsigned i = 0; i < n_parked && found < 0; i++) {
+        struct sockaddr_storage bound;
+        socklen_t len = sizeof(bound);
+        memset(&bound, 0, sizeof(bound));
+        /* The program may have closed the fd behind our back (a daemon closing every fd): then it is no longer our
+         * listener, whatever it is now, and is forgotten. */
+        bool ours = fd_bit(listening, parked[i]) &&
+                    rs_soft_sys_getsockname(parked[i], (struct sockaddr *)&bound, &len) == 0;
+        if (ours && !same_tcp_addr(&bound, tcp_addr))
+            continue;
+        if (ours)
+            found = parked[i];
+        parked[i--] = parked[--n_parked];
+    }
+    pthread_mutex_unlock(&parked_lock);
+    return found;
+}
 
 void rs_soft_fd_owned(int fd)
 {
@@ -26,21 +102,37 @@ void rs_soft_fd_owned(int fd)
 
 void rs_soft_fd_released(int fd)
 {
-    if (fd >= 0 && (unsigned)fd < OWNED_MAX_FD)
+    if (fd >= 0 && (unsigned)fd < OWNED_MAX_FD) {
         __atomic_and_fetch(&owned[(unsigned)fd / 64], ~(1ull << ((unsigned)fd % 64)), __ATOMIC_RELAXED);
+        __atomic_and_fetch(&listening[(unsigned)fd / 64], ~(1ull << ((unsigned)fd % 64)), __ATOMIC_RELAXED);
+    }
 }
 
 static void close_owned_in_child(void)
 {
+    /* Single-threaded here: the lock may have been held by a parent thread at the fork. The parked list inherited
+     * from the parent names fds the child holds too; the parent's live listeners join it. */
+    pthread_mutex_init(&parked_lock, NULL);
     for (unsigned w = 0; w < OWNED_MAX_FD / 64; w++) {
-        uint64_t bits = owned[w];
-        if (!bits)
-            continue;
-        owned[w] = 0;
+        uint64_t bits = owned[w] & ~listening[w];
+        owned[w] &= listening[w];
         while (bits) {
             unsigned b = (unsigned)__builtin_ctzll(bits);
             bits &= bits - 1;
             syscall(SYS_close, (long)(w * 64 + b));
+        }
+        uint64_t keep = listening[w];
+        while (keep) {
+            unsigned b = (unsigned)__builtin_ctzll(keep);
+            keep &= keep - 1;
+            int fd = (int)(w * 64 + b);
+            bool known = false;
+            for (unsigned i = 0; i < n_parked && !known; i++)
+                known = parked[i] == fd;
+            if (!known && n_parked < PARKED_MAX)
+                parked[n_parked++] = fd;
+            else if (!known)
+                rs_soft_sys_close(fd);
         }
     }
 }
