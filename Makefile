@@ -96,6 +96,8 @@ $(BUILD)/fuzz-obj/%.o: %.c $(HEADERS)
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(CPPFLAGS) $(FUZZ_FLAGS) -c $< -o $@
 
+# Kept between builds: make would otherwise treat them as intermediates of the pattern rule and delete them.
+.SECONDARY: $(FUZZ_OBJS)
 $(BUILD)/fuzz/%: tests/fuzz/%.c $(FUZZ_OBJS)
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(CPPFLAGS) $(subst fuzzer-no-link,fuzzer,$(FUZZ_FLAGS)) -o $@ $< $(FUZZ_OBJS) $(LIB_LDLIBS)
