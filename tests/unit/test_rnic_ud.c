@@ -984,6 +984,51 @@ static void test_cq_overflow(void **state)
     side_close(&a);
 }
 
+/* Write-Records need no posted receive, so only the receiver's CQ bounds what a remote sender makes it complete:
+ * one that finds no room is dropped and counted (UD loses datagrams anyway); the QP must not go to ERROR. */
+static void test_remote_records_never_overflow(void **state)
+{
+    (void)state;
+    if (!is_soft())
+        skip();     /* the verbs emulation is bounded by its own receive ring */
+    struct side a, b;
+    side_open(&a, NULL, 256, NULL);
+    side_open(&b, a.rnic, 8, NULL);
+    struct rs_rnic_ud_peer *peer = resolve(&a, &b.addr);
+    struct buf src, target;
+    buf_reg(&src, a.pd, 64, 0);
+    buf_reg(&target, b.pd, 4096, RS_ACCESS_LOCAL_WRITE | RS_ACCESS_REMOTE_WRITE);
+    for (int i = 0; i < 64; i++) {
+        assert_int_equal(post_send_op(&a, peer, RS_WR_WRITE_RECORD, &src, 0, 8, (uint64_t)i, 0,
+                                      (uintptr_t)target.p + 8 * (size_t)i, target.mr->rkey), 0);
+        expect_send_wc(&a, (uint64_t)i, RS_WC_WRITE_RECORD, RS_WC_SUCCESS);
+    }
+    struct rs_rnic_ud_counters counters;
+    uint64_t end = now_ms() + 2000;
+    do {
+        sleep_ms(5);
+        assert_int_equal(rs_rnic_ud_counters(b.qp, &counters), 0);
+    } while (counters.rx_no_room == 0 && now_ms() < end);
+    assert_true(counters.rx_no_room > 0);
+    assert_int_equal(rs_rnic_qp_state(b.qp), RS_QPS_RTS);
+    struct rs_rnic_wc wc[16];
+    int got = rs_rnic_poll_cq(b.cq, 16, wc);
+    assert_true(got > 0 && got <= 8);
+    /* Drained, the QP takes records again. */
+    assert_int_equal(post_send_op(&a, peer, RS_WR_WRITE_RECORD, &src, 0, 8, 99, 0, (uintptr_t)target.p,
+                                  target.mr->rkey), 0);
+    expect_send_wc(&a, 99, RS_WC_WRITE_RECORD, RS_WC_SUCCESS);
+    assert_int_equal(wait_wc(b.cq, 5000, wc), 1);
+    assert_int_equal(wc[0].status, RS_WC_SUCCESS);
+    assert_int_equal(wc[0].opcode, RS_WC_RECV_WRITE_RECORD);
+    rs_rnic_ud_peer_free(peer);
+    buf_free(&src);
+    buf_free(&target);
+    side_close(&b);
+    a.own_rnic = true;
+    side_close(&a);
+}
+
 /* ---- multicast and broadcast ---- */
 
 static void group_receive(struct pair *p, struct side *rx, const struct sockaddr_in *dest)
@@ -1284,6 +1329,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_ud_read, setup_pair, teardown_pair),
         cmocka_unit_test_setup_teardown(test_ud_read_timeout, setup_pair, teardown_pair),
         cmocka_unit_test(test_cq_overflow),
+        cmocka_unit_test(test_remote_records_never_overflow),
         cmocka_unit_test_setup_teardown(test_multicast, setup_pair, teardown_pair),
         cmocka_unit_test_setup_teardown(test_broadcast, setup_pair, teardown_pair),
         cmocka_unit_test(test_ipv6),

@@ -132,8 +132,9 @@ void rs_ud_record_rx(struct rs_ud_rx *rx)
         RS_UD_COUNT(ud, rx_refused, 1);
         return;
     }
-    if (!r && ud->adopted && !rs_ud_cq_room(ud)) {
-        /* A remote sender must never overflow the CQ of a socket's QP: no room, no record. */
+    if (!r && !rs_ud_cq_room(ud)) {
+        /* A remote sender must never overflow a UD QP's CQ (which would put the QP in ERROR): Write-Records need
+         * no posted receive, so nothing else bounds them. No room, no record, counted; UD may lose datagrams. */
         RS_UD_COUNT(ud, rx_no_room, 1);
         return;
     }
