@@ -9,10 +9,12 @@ declare -A GROUP=(
   [check]="clang libclang-rt-14-dev valgrind groff-base man-db tshark tcpdump iproute2 procps psmisc socat"
   [vm]="qemu-system-x86 busybox-static cpio kmod iproute2 rdma-core ibverbs-providers ibverbs-utils rdmacm-utils perftest tcpdump tshark"
   [bench]="gcc gnuplot-nox sockperf"
-  # The unmodified programs of the compatibility matrix (tests/suites/compat_soft.sh, vm_compat.sh) and the demo.
+  # The unmodified programs of the compatibility matrices (tests/suites/compat_soft.sh, vm_compat.sh; UDP:
+  # compat_udp.sh, vm_compat_udp.sh) and the demo.
   # They are test subjects only: the suites start private instances on free ports, never the system services.
   [compat]="iperf3 sockperf redis-server redis-tools memcached libmemcached-tools nginx wrk apache2 apache2-utils
-            mariadb-server mariadb-client socat curl openjdk-17-jdk-headless jq coreutils procps iproute2"
+            mariadb-server mariadb-client socat curl openjdk-17-jdk-headless jq coreutils procps iproute2
+            sip-tester ffmpeg"
   # tools/demo: the redis pair it runs over rdmasock, and what it reads the evidence with.
   [demo]="redis-server redis-tools jq iproute2 procps"
 )

@@ -157,6 +157,15 @@ int rs_dgram_inq(struct rs_dgram_sock *s);
 int rs_dgram_getsockname(struct rs_dgram_sock *s, struct sockaddr *addr, socklen_t *len);
 int rs_dgram_getpeername(struct rs_dgram_sock *s, struct sockaddr *addr, socklen_t *len);
 
+/* ---- process statistics (rdmasock stat) ---- */
+/*
+ * From now on, every datagram the socket moves over RDMA is counted in the process's statistics area (counters
+ * rdma_bytes_tx/rx and rdma_msgs_tx/rx of proto udp) and, when slot >= 0, in that socket slot (bytes and messages,
+ * local and peer addresses). Datagrams that go through the kernel socket are not counted there: the counters are
+ * the evidence that the RDMA path carried the traffic. The caller keeps the slot until after rs_dgram_close.
+ */
+void rs_dgram_set_stats_slot(struct rs_dgram_sock *s, int slot);
+
 /* ---- registration coherence (munmap/mremap hooks of the interception layer) ---- */
 /* Forgets cached registrations of application buffers overlapping [addr, addr+len). */
 void rs_dgram_mem_unmapped(const void *addr, size_t len);

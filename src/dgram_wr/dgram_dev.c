@@ -282,7 +282,10 @@ static void bcast_init(void)
         uint32_t m = ((struct sockaddr_in *)i->ifa_netmask)->sin_addr.s_addr;
         if (m != htonl(0xffffffffu) && m != htonl(0xfffffffeu))
             bcast_add(a | ~m);
-        if ((i->ifa_flags & IFF_BROADCAST) && i->ifa_broadaddr)
+        /* An address configured without a broadcast address (`ip addr add A/24` without `brd`) comes back from
+         * getifaddrs with ifa_broadaddr = the address itself: that is the host, not a broadcast. */
+        if ((i->ifa_flags & IFF_BROADCAST) && i->ifa_broadaddr && i->ifa_broadaddr->sa_family == AF_INET &&
+            ((struct sockaddr_in *)i->ifa_broadaddr)->sin_addr.s_addr != a)
             bcast_add(((struct sockaddr_in *)i->ifa_broadaddr)->sin_addr.s_addr);
     }
     freeifaddrs(list);

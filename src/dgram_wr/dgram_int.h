@@ -35,6 +35,7 @@
 #define RS_DG_SLOT_CHARGE 2048u             /* SO_RCVBUF bytes per posted receive: what a small kernel datagram costs */
 #define RS_DG_MIN_SLOTS 2u
 #define RS_DG_MAX_SLOTS 1024u
+#define RS_DG_SLOT_MRS 8u                   /* registrations of receive slots: the first, then growth steps */
 #define RS_DG_LANE_MIN (256u * 1024u)       /* a lane holds at least a few of the largest datagrams */
 #define RS_DG_LANE_MAX (16u * 1024u * 1024u)
 #define RS_DG_LANE_RECORDS 256u             /* records a sender may have unconsumed in one lane */
@@ -268,10 +269,13 @@ struct rs_dgram_sock {
      * been written (armed and a completion found, or seen readable by a waiter or a poller). */
     bool rcq_armed, rcq_hot, scq_armed;
     uint32_t max_inline, max_ud_msg;
-    /* receive slots (sendrecv) */
+    /* receive slots (sendrecv): slots_cap reserved (address space, RQ and CQ depth), nslots registered and
+     * posted; SO_RCVBUF raised after set-up registers and posts more, up to slots_cap (one region per step) */
     uint8_t *slot_mem;
-    struct rs_rnic_mr *slot_mr;
-    uint32_t nslots, slots_posted;
+    struct rs_rnic_mr *slot_mrs[RS_DG_SLOT_MRS];
+    uint32_t slot_mr_end[RS_DG_SLOT_MRS];   /* slot_mrs[k] covers slots [slot_mr_end[k-1], slot_mr_end[k]) */
+    uint32_t nslot_mrs;
+    uint32_t nslots, slots_cap, slots_posted;
     /* the receive queue */
     struct rs_dg_rxq *rxq_head, *rxq_tail, *rxq_free;
     uint32_t rxq_count;
@@ -309,7 +313,17 @@ struct rs_dgram_sock {
     unsigned interest_in, interest_out;
     struct rs_dg_waiter *waiters;
     struct rs_dgram_stats st;
+    /* The process's statistics area (rdmasock stat): off until the interception layer names the socket's slot. */
+    bool stats_on;
+    int stats_slot;                         /* -1: no slot, process counters only */
 };
+
+/* ---- dgram_stats.c ---- */
+/* Publishes the socket's addresses in its statistics slot (after bind, autobind, connect). */
+void rs_dg_stats_addresses(struct rs_dgram_sock *s);
+/* One datagram moved over RDMA: sent (datagram-iWARP posted), or received (delivered to the application). */
+void rs_dg_stats_rdma_tx(struct rs_dgram_sock *s, size_t bytes);
+void rs_dg_stats_rdma_rx(struct rs_dgram_sock *s, size_t bytes);
 
 /* ---- dgram_sock.c ---- */
 /* Sets up the RDMA side once the fd is bound (idempotent; failure leaves the socket kernel-only). */
@@ -321,9 +335,19 @@ unsigned rs_dg_mask(struct rs_dgram_sock *s);
  * Sleeps until something may have changed (a completion, a wake-up from another thread, the kernel fd), the
  * deadline (absolute ns, 0 = none) or a signal. Drops the lock while sleeping. 0, -EAGAIN (deadline), -EINTR,
  * -EBADF (closed meanwhile).
+ *
+ * It is also a thread-cancellation point, as the recv/send it stands for is in the kernel (ffmpeg's and VLC's
+ * reader threads are stopped with pthread_cancel while blocked in recvfrom): a cancel request pending or arriving
+ * while it sleeps ends the thread there, after unregistering the wait and, when sink_mine (the calling recv
+ * advertised the socket's sink), revoking the sink so nothing is placed into the abandoned buffer. The lock is
+ * left unlocked for a cancelled thread.
  */
-int rs_dg_wait(struct rs_dgram_sock *s, uint64_t deadline_ns, bool want_send_space);
+int rs_dg_wait(struct rs_dgram_sock *s, uint64_t deadline_ns, bool want_send_space, bool sink_mine);
+/* Revokes the socket's active sink (dgram_rx.c). */
+void rs_dg_sink_revoke(struct rs_dgram_sock *s);
 int rs_dg_repost_slot(struct rs_dgram_sock *s, uint32_t i);
+/* SO_RCVBUF grew after set-up: registers and posts the receives it now pays for (up to slots_cap). */
+void rs_dg_grow_slots(struct rs_dgram_sock *s);
 /* Sizes from SO_RCVBUF. */
 uint32_t rs_dg_slots_for(int rcvbuf);
 uint32_t rs_dg_lane_size_for(int rcvbuf);

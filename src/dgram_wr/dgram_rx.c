@@ -687,6 +687,7 @@ static ssize_t deliver(struct rs_dgram_sock *s, struct msghdr *msg, int flags)
         if (e->rdma) {
             s->st.rx_rdma++;
             s->st.rx_bytes_rdma += len;
+            rs_dg_stats_rdma_rx(s, len);
         }
         s->st.rx_copied++;
         s->rxq_head = e->next;
@@ -709,6 +710,7 @@ static ssize_t deliver_sink(struct rs_dgram_sock *s, struct msghdr *msg)
     s->st.rx_zcopy++;
     s->st.rx_rdma++;
     s->st.rx_bytes_rdma += s->sink_got_len;
+    rs_dg_stats_rdma_rx(s, s->sink_got_len);
     return (ssize_t)s->sink_got_len;
 }
 
@@ -752,7 +754,7 @@ ssize_t rs_dg_recvmsg(struct rs_dgram_sock *s, struct msghdr *msg, int flags)
             msg->msg_iov[0].iov_len >= s->opts.zcopy_threshold &&
             rs_dg_now_ns() - s->sink_unused_ns >= RS_DG_SINK_BACKOFF_NS)
             mine = sink_advertise(s, msg->msg_iov[0].iov_base, msg->msg_iov[0].iov_len);
-        int rc = rs_dg_wait(s, deadline, false);
+        int rc = rs_dg_wait(s, deadline, false, mine);
         if (rc) {
             if (mine && rc != -EBADF) {
                 sink_revoke(s);
@@ -765,6 +767,11 @@ ssize_t rs_dg_recvmsg(struct rs_dgram_sock *s, struct msghdr *msg, int flags)
             return rc;
         }
     }
+}
+
+void rs_dg_sink_revoke(struct rs_dgram_sock *s)
+{
+    sink_revoke(s);
 }
 
 int rs_dgram_test_inject(struct rs_dgram_sock *s, const struct rs_rnic_raw_dgram *tmpl, const void *data, size_t len)

@@ -216,13 +216,14 @@ static void teardown_rdma(struct rs_dgram_sock *s)
     /* The QP is gone: nothing can place into the regions any more, so they may go. */
     rs_dg_lanes_free(s);
     rs_dg_regs_free(s);
-    if (s->slot_mr)
-        (void)rs_rnic_dereg_mr(s->slot_mr);
+    for (uint32_t k = 0; k < s->nslot_mrs; k++)
+        (void)rs_rnic_dereg_mr(s->slot_mrs[k]);
+    s->nslot_mrs = 0;
     if (s->stage_mr)
         (void)rs_rnic_dereg_mr(s->stage_mr);
-    s->slot_mr = s->stage_mr = NULL;
+    s->stage_mr = NULL;
     if (s->slot_mem)
-        munmap(s->slot_mem, (size_t)s->nslots * RS_DG_SLOT_SIZE);
+        munmap(s->slot_mem, (size_t)s->slots_cap * RS_DG_SLOT_SIZE);
     if (s->stage_mem)
         munmap(s->stage_mem, s->stage_size);
     s->slot_mem = s->stage_mem = NULL;
@@ -241,8 +242,13 @@ static void teardown_rdma(struct rs_dgram_sock *s)
 
 static int post_slot(struct rs_dgram_sock *s, uint32_t i)
 {
+    uint32_t k = 0;
+    while (k + 1 < s->nslot_mrs && i >= s->slot_mr_end[k])
+        k++;
+    if (k >= s->nslot_mrs || i >= s->slot_mr_end[k])
+        return -EINVAL;
     struct rs_rnic_sge sge = { .addr = (uintptr_t)(s->slot_mem + (size_t)i * RS_DG_SLOT_SIZE),
-                               .length = RS_DG_SLOT_SIZE, .lkey = s->slot_mr->lkey };
+                               .length = RS_DG_SLOT_SIZE, .lkey = s->slot_mrs[k]->lkey };
     struct rs_rnic_recv_wr wr = { .wr_id = RS_DG_WR_SLOT | i, .sg_list = &sge, .num_sge = 1 };
     struct rs_rnic_recv_wr *bad;
     int rc = rs_rnic_post_recv(s->qp, &wr, &bad);
@@ -254,6 +260,44 @@ static int post_slot(struct rs_dgram_sock *s, uint32_t i)
 int rs_dg_repost_slot(struct rs_dgram_sock *s, uint32_t i)
 {
     return post_slot(s, i);
+}
+
+/* Registers slots [nslots, upto) as one more region and posts them. */
+static int add_slots(struct rs_dgram_sock *s, uint32_t upto)
+{
+    if (upto <= s->nslots || s->nslot_mrs >= RS_DG_SLOT_MRS)
+        return 0;
+    struct rs_rnic_mr *mr;
+    int rc = rs_rnic_reg_mr(s->dev->pd, s->slot_mem + (size_t)s->nslots * RS_DG_SLOT_SIZE,
+                            (size_t)(upto - s->nslots) * RS_DG_SLOT_SIZE, RS_ACCESS_LOCAL_WRITE, &mr);
+    if (rc)
+        return rc;
+    s->slot_mrs[s->nslot_mrs] = mr;
+    s->slot_mr_end[s->nslot_mrs] = upto;
+    s->nslot_mrs++;
+    uint32_t first = s->nslots;
+    s->nslots = upto;
+    for (uint32_t i = first; i < upto && rc == 0; i++)
+        rc = post_slot(s, i);
+    return rc;
+}
+
+/*
+ * Applications often size SO_RCVBUF after bind (iperf3 -w, ffmpeg's buffer_size): the kernel honours that at
+ * once, so we do too. The QP and CQ were made deep enough for the most the sysctl lets SO_RCVBUF reach; only the
+ * registration and the posting happen now. A smaller value later does not take receives back.
+ */
+void rs_dg_grow_slots(struct rs_dgram_sock *s)
+{
+    if (!s->rdma_ready)
+        return;
+    uint32_t want = rs_dg_slots_for(s->rcvbuf);
+    if (want > s->slots_cap)
+        want = s->slots_cap;
+    int rc = add_slots(s, want);
+    if (rc)
+        RS_DEBUG("dgram: fd %d: more receives for SO_RCVBUF %d: %d (%u posted)", s->fd, s->rcvbuf, rc,
+                 s->slots_posted);
 }
 
 void rs_dg_unmap_region(void *p, size_t len)
@@ -284,10 +328,17 @@ void rs_dg_setup_rdma(struct rs_dgram_sock *s)
     const struct rs_rnic_caps *caps = rs_rnic_caps(s->dev->rnic);
     s->max_inline = caps->max_inline < 256 ? caps->max_inline : 256;
     s->max_ud_msg = caps->max_ud_msg;
-    s->nslots = rs_dg_slots_for(s->rcvbuf);
-    if (s->nslots > caps->max_qp_wr)
-        s->nslots = caps->max_qp_wr;
-    s->rcq_depth = s->nslots + RS_DG_RAW_MAX_COUNT + RS_DG_LANE_RECORDS;
+    uint32_t first_slots = rs_dg_slots_for(s->rcvbuf);
+    /* Room for what SO_RCVBUF may grow to later without FORCE (the sysctl's cap, doubled as Linux stores it). */
+    s->slots_cap = rs_dg_slots_for(linux_buf(INT32_MAX / 2, false, "/proc/sys/net/core/rmem_max", 0));
+    if (s->slots_cap < first_slots)
+        s->slots_cap = first_slots;
+    if (s->slots_cap > caps->max_qp_wr)
+        s->slots_cap = caps->max_qp_wr;
+    if (first_slots > s->slots_cap)
+        first_slots = s->slots_cap;
+    s->nslots = 0;
+    s->rcq_depth = s->slots_cap + RS_DG_RAW_MAX_COUNT + RS_DG_LANE_RECORDS;
     if (s->rcq_depth > caps->max_cqe)
         s->rcq_depth = caps->max_cqe;
     rc = rs_rnic_create_cq(s->dev->rnic, s->rcq_depth, &s->rcq);
@@ -299,15 +350,14 @@ void rs_dg_setup_rdma(struct rs_dgram_sock *s)
         goto fail;
     struct rs_rnic_qp_attr attr = {
         .type = RS_QPT_UD, .send_cq = s->scq, .recv_cq = s->rcq,
-        .max_send_wr = RS_DG_SEND_DEPTH, .max_recv_wr = s->nslots,
+        .max_send_wr = RS_DG_SEND_DEPTH, .max_recv_wr = s->slots_cap,
         .max_send_sge = 4, .max_recv_sge = 1, .max_inline = s->max_inline,
         .sq_sig_all = true, .context = s,
     };
     rc = rs_rnic_create_qp(s->dev->pd, &attr, &s->qp);
     if (rc)
         goto fail;
-    size_t slot_bytes = (size_t)s->nslots * RS_DG_SLOT_SIZE;
-    s->slot_mem = rs_dg_map_region(slot_bytes);
+    s->slot_mem = rs_dg_map_region((size_t)s->slots_cap * RS_DG_SLOT_SIZE);
     s->stage_size = 1u << 18;
     while (s->stage_size < (uint32_t)s->sndbuf && s->stage_size < (16u << 20))
         s->stage_size <<= 1;
@@ -316,13 +366,9 @@ void rs_dg_setup_rdma(struct rs_dgram_sock *s)
         rc = -ENOMEM;
         goto fail;
     }
-    rc = rs_rnic_reg_mr(s->dev->pd, s->slot_mem, slot_bytes, RS_ACCESS_LOCAL_WRITE, &s->slot_mr);
+    rc = rs_rnic_reg_mr(s->dev->pd, s->stage_mem, s->stage_size, RS_ACCESS_LOCAL_WRITE, &s->stage_mr);
     if (rc == 0)
-        rc = rs_rnic_reg_mr(s->dev->pd, s->stage_mem, s->stage_size, RS_ACCESS_LOCAL_WRITE, &s->stage_mr);
-    if (rc)
-        goto fail;
-    for (uint32_t i = 0; i < s->nslots && rc == 0; i++)
-        rc = post_slot(s, i);
+        rc = add_slots(s, first_slots);
     if (rc)
         goto fail;
     /* Receives first, then the socket: a datagram-iWARP SEND arriving at once already finds room. */
@@ -372,6 +418,7 @@ static void note_local(struct rs_dgram_sock *s)
     s->bound = true;
     s->local = local;
     s->local_len = llen;
+    rs_dg_stats_addresses(s);
     rs_dg_setup_rdma(s);
 }
 
@@ -411,6 +458,7 @@ int rs_dgram_connect(struct rs_dgram_sock *s, const struct sockaddr *addr, sockl
             if (s->conn_peer && s->rdma_ready)
                 (void)rs_dg_peer_tx_state(s, s->conn_peer);
         }
+        rs_dg_stats_addresses(s);
     }
     pthread_mutex_unlock(&s->lock);
     return rc;
@@ -428,6 +476,29 @@ int rs_dgram_getpeername(struct rs_dgram_sock *s, struct sockaddr *addr, socklen
 
 /* ---- close ---- */
 
+static void stats_snapshot(struct rs_dgram_sock *s, struct rs_dgram_stats *st);
+
+/* One line per socket that carried traffic: where its datagrams went and what was dropped, so a test that lost
+ * datagrams (or saw them on the kernel) can tell why from the log alone. */
+static void log_summary(struct rs_dgram_sock *s)
+{
+    struct rs_dgram_stats st;
+    stats_snapshot(s, &st);
+    if (!st.tx_kernel && !st.tx_send && !st.tx_record && !st.tx_sink && !st.rx_kernel && !st.rx_rdma &&
+        !st.rx_dropped)
+        return;
+    RS_INFO("dgram: fd %d closed: sent %llu over RDMA (send %llu, lane %llu, sink %llu, %llu bytes), %llu through "
+            "the kernel; received %llu over RDMA (%llu bytes, %llu zero copy), %llu plain; dropped %llu (no receive "
+            "%llu, no room %llu, queue %llu, lane %llu, partial %llu); lane full %llu",
+            s->fd, (unsigned long long)(st.tx_send + st.tx_record + st.tx_sink), (unsigned long long)st.tx_send,
+            (unsigned long long)st.tx_record, (unsigned long long)st.tx_sink, (unsigned long long)st.tx_bytes_rdma,
+            (unsigned long long)st.tx_kernel, (unsigned long long)st.rx_rdma, (unsigned long long)st.rx_bytes_rdma,
+            (unsigned long long)st.rx_zcopy, (unsigned long long)st.rx_kernel, (unsigned long long)st.rx_dropped,
+            (unsigned long long)st.rx_drop_no_recv, (unsigned long long)st.rx_drop_no_room,
+            (unsigned long long)st.rx_drop_queue, (unsigned long long)st.rx_drop_lane,
+            (unsigned long long)st.rx_drop_partial, (unsigned long long)st.lane_full);
+}
+
 static int close_sock(struct rs_dgram_sock *s, bool bye)
 {
     pthread_mutex_lock(&s->lock);
@@ -437,6 +508,7 @@ static int close_sock(struct rs_dgram_sock *s, bool bye)
     }
     if (bye)
         rs_dg_peers_bye(s);
+    log_summary(s);
     s->closed = true;
     for (struct rs_dg_waiter *w = s->waiters; w; w = w->next)
         rs_dg_efd_signal(w->efd);
@@ -543,7 +615,37 @@ void rs_dgram_interest(struct rs_dgram_sock *s, unsigned events, int delta)
 
 /* ---- blocking ---- */
 
-int rs_dg_wait(struct rs_dgram_sock *s, uint64_t deadline_ns, bool want_send_space)
+struct wait_cancel {
+    struct rs_dgram_sock *s;
+    struct rs_dg_waiter *w;
+    bool sink_mine;
+};
+
+static void unlink_waiter(struct rs_dgram_sock *s, struct rs_dg_waiter *w)
+{
+    struct rs_dg_waiter **link = &s->waiters;
+    while (*link && *link != w)
+        link = &(*link)->next;
+    if (*link)
+        *link = w->next;
+}
+
+/* The thread was cancelled while rs_dg_wait slept (the lock is not held there): leave the socket as if the call
+ * had returned, and unlocked. A datagram already placed into the sink is lost with the buffer, as the thread that
+ * asked for it is gone. */
+static void wait_cancelled(void *arg)
+{
+    struct wait_cancel *c = arg;
+    struct rs_dgram_sock *s = c->s;
+    pthread_mutex_lock(&s->lock);
+    unlink_waiter(s, c->w);
+    rs_dg_efd_drain(c->w->efd);
+    if (c->sink_mine && s->sink_active && !s->closed)
+        rs_dg_sink_revoke(s);
+    pthread_mutex_unlock(&s->lock);
+}
+
+int rs_dg_wait(struct rs_dgram_sock *s, uint64_t deadline_ns, bool want_send_space, bool sink_mine)
 {
     int efd = rs_dg_thread_efd();
     if (efd < 0)
@@ -570,7 +672,16 @@ int rs_dg_wait(struct rs_dgram_sock *s, uint64_t deadline_ns, bool want_send_spa
         tsp = &ts;
     }
     pthread_mutex_unlock(&s->lock);
-    long r = rs_dg_sys(syscall(SYS_ppoll, pfd, (unsigned long)n, tsp, NULL, 0));
+    long r;
+    struct wait_cancel cancel = { .s = s, .w = &w, .sink_mine = sink_mine };
+    int cancel_type = PTHREAD_CANCEL_DEFERRED;
+    /* What glibc does around its own blocking system calls: asynchronous cancellation only while asleep, so a
+     * request acts at once (or when it arrives) and nowhere else. */
+    pthread_cleanup_push(wait_cancelled, &cancel);
+    (void)pthread_setcanceltype(PTHREAD_CANCEL_ASYNCHRONOUS, &cancel_type);
+    r = rs_dg_sys(syscall(SYS_ppoll, pfd, (unsigned long)n, tsp, NULL, 0));
+    (void)pthread_setcanceltype(cancel_type, NULL);
+    pthread_cleanup_pop(0);
     pthread_mutex_lock(&s->lock);
     if (r > 0 && s->rdma_ready && (pfd[1].revents & POLLIN))
         s->rcq_hot = true;      /* pfd[1] is the receive CQ's fd */
@@ -578,11 +689,7 @@ int rs_dg_wait(struct rs_dgram_sock *s, uint64_t deadline_ns, bool want_send_spa
         rs_rnic_cq_ack_events(s->scq);      /* pfd[3] is the send CQ's fd; a later completion re-arms it */
         s->scq_armed = false;
     }
-    struct rs_dg_waiter **link = &s->waiters;
-    while (*link && *link != &w)
-        link = &(*link)->next;
-    if (*link)
-        *link = w.next;
+    unlink_waiter(s, &w);
     rs_dg_efd_drain(efd);
     if (s->closed)
         return -EBADF;
@@ -694,6 +801,7 @@ int rs_dgram_setsockopt(struct rs_dgram_sock *s, int level, int name, const void
         if (rc == 0) {
             if (rcv) {
                 s->rcvbuf = linux_buf(v, force, "/proc/sys/net/core/rmem_max", RS_DG_LINUX_MIN_RCVBUF);
+                rs_dg_grow_slots(s);
                 if (s->rdma_ready && s->adopted) {
                     uint32_t raw = (uint32_t)(s->rcvbuf > (int)RS_DG_SLOT_SIZE ? s->rcvbuf : (int)RS_DG_SLOT_SIZE);
                     (void)rs_rnic_ud_set_raw_limits(s->qp, raw, RS_DG_RAW_MAX_COUNT);

@@ -134,7 +134,7 @@ static int wait_space(struct rs_dgram_sock *s, uint32_t len, bool nonblock)
             rs_dg_tx_reap(s);
             continue;
         }
-        int rc = rs_dg_wait(s, deadline, true);
+        int rc = rs_dg_wait(s, deadline, true, false);
         if (rc)
             return rc;
         rs_dg_tx_reap(s);
@@ -211,6 +211,7 @@ static ssize_t post(struct rs_dgram_sock *s, struct rs_dg_peer *p, const struct 
         s->st.tx_send++;
     }
     s->st.tx_bytes_rdma += total;
+    rs_dg_stats_rdma_tx(s, total);
     rs_dg_tx_reap(s);
     return total;
 }
@@ -261,6 +262,7 @@ static int autobind(struct rs_dgram_sock *s)
         return rc;
     s->local_len = len;
     s->bound = true;
+    rs_dg_stats_addresses(s);
     rs_dg_setup_rdma(s);
     return 0;
 }
@@ -327,7 +329,7 @@ ssize_t rs_dg_sendmsg(struct rs_dgram_sock *s, const struct msghdr *msg, int fla
             uint64_t deadline = st == RS_DG_PEER_PROBING
                                     ? p->probe_deadline_ns
                                     : rs_dg_now_ns() + (uint64_t)s->opts.probe_timeout_ms * 1000000u;
-            int rc = rs_dg_wait(s, deadline, false);
+            int rc = rs_dg_wait(s, deadline, false, false);
             if (rc && rc != -EAGAIN)
                 return rc;
             rs_dg_progress(s);

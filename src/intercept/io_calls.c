@@ -63,6 +63,50 @@ static void target_done(struct io_target *t)
 static bool target_is_rdma(const struct io_target *t) { return t->sdp || t->dg || t->inherited; }
 
 /*
+ * A blocking datagram call is a thread-cancellation point, as in the kernel (the datagram layer's wait acts on
+ * pthread_cancel, see rs_dg_wait): a thread cancelled there lets go of its target on the way out.
+ */
+static void target_cancelled(void *t) { target_done(t); }
+
+static ssize_t dg_recvmsg(struct io_target *t, struct msghdr *msg, int flags)
+{
+    ssize_t r;
+    pthread_cleanup_push(target_cancelled, t);
+    r = rs_dgram_recvmsg(t->dg, msg, flags);
+    pthread_cleanup_pop(0);
+    return r;
+}
+
+static ssize_t dg_recvfrom(struct io_target *t, void *buf, size_t len, int flags, struct sockaddr *from,
+                           socklen_t *fromlen)
+{
+    ssize_t r;
+    pthread_cleanup_push(target_cancelled, t);
+    r = rs_dgram_recvfrom(t->dg, buf, len, flags, from, fromlen);
+    pthread_cleanup_pop(0);
+    return r;
+}
+
+static ssize_t dg_sendmsg(struct io_target *t, const struct msghdr *msg, int flags)
+{
+    ssize_t r;
+    pthread_cleanup_push(target_cancelled, t);
+    r = rs_dgram_sendmsg(t->dg, msg, flags);
+    pthread_cleanup_pop(0);
+    return r;
+}
+
+static ssize_t dg_sendto(struct io_target *t, const void *buf, size_t len, int flags, const struct sockaddr *to,
+                         socklen_t tolen)
+{
+    ssize_t r;
+    pthread_cleanup_push(target_cancelled, t);
+    r = rs_dgram_sendto(t->dg, buf, len, flags, to, tolen);
+    pthread_cleanup_pop(0);
+    return r;
+}
+
+/*
  * After a blocking SDP call returned EINTR (nothing moved): would the kernel have restarted it? Yes when every
  * handler that ran had SA_RESTART and the socket has no timeout for that direction (Linux returns EINTR for a
  * socket with SO_RCVTIMEO / SO_SNDTIMEO even under SA_RESTART).
@@ -149,7 +193,7 @@ static ssize_t rdma_recvmsg(struct io_target *t, int fd, struct msghdr *msg, int
 {
     if (t->dg)
         return flags & MSG_ERRQUEUE ? (RS_REAL(recvmsg)(fd, msg, flags) < 0 ? -errno : 0)
-                                    : rs_dgram_recvmsg(t->dg, msg, flags);
+                                    : dg_recvmsg(t, msg, flags);
     if (flags & MSG_ERRQUEUE)
         return t->sdp ? deliver_errqueue(t, msg) : -EBADF;
     ssize_t r = sdp_recv(t, msg->msg_iov, (int)msg->msg_iovlen, flags);
@@ -166,7 +210,7 @@ static ssize_t rdma_recv(struct io_target *t, void *buf, size_t len, int flags, 
                          socklen_t *fromlen)
 {
     if (t->dg)
-        return rs_dgram_recvfrom(t->dg, buf, len, flags, from, fromlen);
+        return dg_recvfrom(t, buf, len, flags, from, fromlen);
     struct iovec iov = { buf, len };
     ssize_t r = sdp_recv(t, &iov, 1, flags);
     if (r >= 0 && from && fromlen)
@@ -178,7 +222,7 @@ static ssize_t rdma_readv(struct io_target *t, const struct iovec *iov, int iovc
 {
     if (t->dg) {
         struct msghdr m = { .msg_iov = (struct iovec *)iov, .msg_iovlen = (size_t)iovcnt };
-        return rs_dgram_recvmsg(t->dg, &m, 0);
+        return dg_recvmsg(t, &m, 0);
     }
     return sdp_recv(t, iov, iovcnt, 0);
 }
@@ -265,7 +309,7 @@ RS_EXPORT int recvmmsg(int fd, struct mmsghdr *vec, unsigned int vlen, int flags
 static ssize_t rdma_sendmsg(struct io_target *t, const struct msghdr *msg, int flags)
 {
     if (t->dg)
-        return rs_dgram_sendmsg(t->dg, msg, flags);
+        return dg_sendmsg(t, msg, flags);
     return sdp_send(t, msg->msg_iov, (int)msg->msg_iovlen, flags);
 }
 
@@ -274,7 +318,7 @@ static ssize_t rdma_send(struct io_target *t, const void *buf, size_t len, int f
                          socklen_t tolen)
 {
     if (t->dg)
-        return rs_dgram_sendto(t->dg, buf, len, flags, to, tolen);
+        return dg_sendto(t, buf, len, flags, to, tolen);
     struct iovec iov = { (void *)buf, len };
     return sdp_send(t, &iov, 1, flags);
 }

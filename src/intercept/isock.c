@@ -191,6 +191,8 @@ static void dgram_attach(struct rs_isock *s, int fd)
     s->stats_slot = rs_stats_slot_acquire(fd, RS_STATS_PROTO_UDP);
     rs_stats_slot_set_role(s->stats_slot, RS_STATS_ROLE_DATAGRAM);
     rs_stats_slot_set_path(s->stats_slot, RS_STATS_PATH_RDMA, RS_REASON_RULE_RDMA);
+    /* The datagram layer counts what it moves over RDMA (and the addresses) in the slot and process counters. */
+    rs_dgram_set_stats_slot(dg, s->stats_slot);
     __atomic_store_n(&s->path, RS_IPATH_DGRAM, __ATOMIC_RELEASE);
 }
 
