@@ -512,7 +512,7 @@ compat_udp_run_matrix() {
     local program list=("$@")
     (( ${#list[@]} )) || read -ra list <<< "${COMPAT_UDP_ONLY:-$(compat_udp_programs)}"
     for program in "${list[@]}"; do
-        [[ -n ${COMPAT_BINS[$program]+x} ]] || { tap_fail "compat_udp: $program is a program of the matrix" "known: $(compat_udp_programs)"; continue; }
+        [[ " $(compat_udp_programs) " == *" $program "* ]] || { tap_fail "compat_udp: $program is a program of the matrix" "known: $(compat_udp_programs)"; continue; }
         "compat_udp_check_${program//-/_}"
     done
 }

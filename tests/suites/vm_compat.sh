@@ -10,6 +10,7 @@ RS_TOOL=${RS_TOOL:-$RS_BUILD/bin/rdmasock}
 RS_LIB=${RS_LIB:-$RS_BUILD/librdmasock.so}
 export RS_TOP RS_BUILD RS_TOOL RS_LIB
 source "$RS_TOP/tests/lib/tap.sh"
+source "$RS_TOP/tests/lib/vm_relay.sh"
 
 VM_TOOL=$RS_TOP/tools/vm/vm
 OUT=$RS_BUILD/test-logs/vm_compat
@@ -31,18 +32,7 @@ for tool in jq ss; do
         finish
     fi
 done
-build_log=$(mktemp)
-"$VM_TOOL" build 2> "$build_log"
-status=$?
-case $status in
-    0) ;;
-    2) tap_skip "verbs: compatibility matrix in the soft-RoCE VM" "VM harness needs host packages: $(grep '^apt-get' "$build_log")"
-       rm -f "$build_log"; finish ;;
-    3) tap_skip "verbs: compatibility matrix in the soft-RoCE VM" "the Debian kernel package cannot be fetched: $(tail -n 1 "$build_log")"
-       rm -f "$build_log"; finish ;;
-    *) tap_fail "verbs: soft-RoCE VM image" "vm build exited $status" "$(tail -n 20 "$build_log")"; rm -f "$build_log"; finish ;;
-esac
-rm -f "$build_log"
+vm_image_ready "$VM_TOOL" verbs "compatibility matrix in the soft-RoCE VM" || finish
 
 rm -rf "$OUT"
 mkdir -p "$OUT"
@@ -69,30 +59,7 @@ case $status in
 esac
 
 # Relay: each check keeps its verdict, skip reason and diagnostics; numbering is ours.
-if [[ -s $OUT/compat.tap ]]; then
-    pending=""
-    diag=()
-    flush() {
-        [[ -n $pending ]] || return 0
-        tap_fail "$pending" "${diag[@]}"
-        pending=""
-        diag=()
-    }
-    while IFS= read -r line; do
-        case $line in
-            "ok "*"# SKIP "*)
-                flush
-                desc=${line#ok * - }
-                tap_skip "verbs: ${desc%% # SKIP *}" "${desc#* # SKIP }" ;;
-            "ok "*) flush; tap_ok "verbs: ${line#ok * - }" ;;
-            "not ok "*) flush; pending="verbs: ${line#not ok * - }" ;;
-            "#   "*) [[ -n $pending ]] && diag+=("${line#\#   }") ;;
-            "# "*) flush; tap_diag "${line#\# }" ;;
-            1..*) flush ;;
-        esac
-    done < "$OUT/compat.tap"
-    flush
-else
+if ! vm_relay_tap verbs "$OUT/compat.tap"; then
     tap_fail "verbs: the matrix wrote its results" "no $OUT/compat.tap" "$(tail -n 15 "$OUT/job.stdout")"
 fi
 finish
