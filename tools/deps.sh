@@ -8,7 +8,7 @@ declare -A GROUP=(
   [build]="gcc make pkg-config libibverbs-dev librdmacm-dev libev-dev uthash-dev libcmocka-dev"
   [check]="clang libclang-rt-14-dev valgrind groff-base man-db tshark tcpdump iproute2 procps psmisc socat"
   [vm]="qemu-system-x86 busybox-static cpio kmod iproute2 rdma-core ibverbs-providers ibverbs-utils rdmacm-utils perftest tcpdump tshark"
-  [bench]="gcc gnuplot-nox sockperf"
+  [bench]="gcc gnuplot-nox sockperf ffmpeg sip-tester tcpdump tshark iproute2"
   # The unmodified programs of the compatibility matrices (tests/suites/compat_soft.sh, vm_compat.sh; UDP:
   # compat_udp.sh, vm_compat_udp.sh) and the demo.
   # They are test subjects only: the suites start private instances on free ports, never the system services.

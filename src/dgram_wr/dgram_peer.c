@@ -126,6 +126,19 @@ static void policy(struct rs_dgram_sock *s, enum rs_role role, const struct sock
     }
 }
 
+/*
+ * Whether to let in a peer that probed us (and keep its lane current). A rule may name the peer, or it may name
+ * this socket's own address and port (role server or any): a receiver cannot name senders whose ports are
+ * ephemeral (ffmpeg, VLC, sipp clients), and answering a probe is safe whoever sent it, since only rdmasock
+ * probes. The peer's own rule, when it names one, wins.
+ */
+static void rx_policy(struct rs_dgram_sock *s, const struct sockaddr *src, struct rs_dgram_peer_policy *out)
+{
+    policy(s, RS_ROLE_SERVER, src, out);
+    if (out->mode == RS_MODE_KERNEL && s->bound)
+        policy(s, RS_ROLE_SERVER, (const struct sockaddr *)&s->local, out);
+}
+
 static bool tx_policy_rdma(const struct rs_dg_peer *p)
 {
     return p->tx_pol.mode != RS_MODE_KERNEL && p->tx_pol.transport != RS_TRANSPORT_OFF;
@@ -403,7 +416,7 @@ static void on_probe(struct rs_dgram_sock *s, const struct rs_dgw_msg *m, const 
 {
     s->st.probes_received++;
     struct rs_dgram_peer_policy pol;
-    policy(s, RS_ROLE_SERVER, src, &pol);
+    rx_policy(s, src, &pol);
     bool ok = s->rdma_ready && pol.mode != RS_MODE_KERNEL && pol.transport != RS_TRANSPORT_OFF &&
               m->u.probe.rnic_kind == (uint8_t)s->dev->kind;
     struct rs_dg_peer *p = ok ? rs_dg_peer_get(s, src, src_len) : NULL;
@@ -421,7 +434,7 @@ void rs_dg_peer_stale(struct rs_dgram_sock *s, struct rs_dg_peer *p)
     if (!s->rdma_ready || (p->announce_ns && now - p->announce_ns < ms_ns(RS_DG_ANNOUNCE_GAP_MS)))
         return;
     struct rs_dgram_peer_policy pol;
-    policy(s, RS_ROLE_SERVER, (struct sockaddr *)&p->addr, &pol);
+    rx_policy(s, (struct sockaddr *)&p->addr, &pol);
     if (pol.mode == RS_MODE_KERNEL || pol.transport == RS_TRANSPORT_OFF)
         return;
     p->announce_ns = now;

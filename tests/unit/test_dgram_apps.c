@@ -303,6 +303,47 @@ static void test_local_addresses_are_not_broadcast(void **state)
     assert_true(broadcast);
 }
 
+/* A receiver on a fixed port, senders on ephemeral ports (ffmpeg, VLC, sipp clients): a rule can only name the
+ * receiver's port. The sender probes it (the rule names its peer); the receiver lets it in because the rule names
+ * its own address and port. */
+static void test_rule_naming_the_receivers_port(void **state)
+{
+    (void)state;
+    int probe = socket(AF_INET, SOCK_DGRAM, 0);
+    struct sockaddr_in any = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+    socklen_t al = sizeof(any);
+    assert_int_equal(bind(probe, (struct sockaddr *)&any, sizeof(any)), 0);
+    assert_int_equal(getsockname(probe, (struct sockaddr *)&any, &al), 0);
+    close(probe);
+    uint16_t port = ntohs(any.sin_port);
+    char rules[128];
+    snprintf(rules, sizeof(rules), "use both udp any 127.0.0.1:%u\n", (unsigned)port);
+    struct dt_world *w = dt_world(rules);
+    struct dt_ep sender, receiver;
+    dt_open(&receiver, w, "127.0.0.1", port);
+    dt_open(&sender, w, "127.0.0.1", 0);
+    uint8_t buf[256], in[512];
+    uint64_t end = dt_now_ms() + 5000;
+    int sent = 0, got = 0;
+    while (dt_now_ms() < end && dt_stats(&receiver).rx_rdma == 0) {
+        dt_fill(buf, sizeof(buf), (uint32_t)sent);
+        assert_int_equal(dt_send(&sender, &receiver, buf, sizeof(buf)), (ssize_t)sizeof(buf));
+        sent++;
+        while (dt_recv(&receiver, in, sizeof(in), NULL, 20) == (ssize_t)sizeof(buf))
+            got++;
+    }
+    dt_sync(&sender, &receiver);
+    struct rs_dgram_stats r = dt_stats(&receiver), s = dt_stats(&sender);
+    printf("# %d sent, %d received before the switch; receiver: %llu over RDMA, %llu refusals sent\n", sent, got,
+           (unsigned long long)r.rx_rdma, (unsigned long long)r.refusals_sent);
+    assert_int_equal(r.refusals_sent, 0);
+    assert_true(s.answers_received >= 1);
+    assert_true(r.rx_rdma >= 1);
+    dt_close(&sender);
+    dt_close(&receiver);
+    dt_world_free(w);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -313,6 +354,7 @@ int main(void)
         cmocka_unit_test(test_cancel_blocked_recv_sendrecv),
         cmocka_unit_test(test_cancel_blocked_recv_sink),
         cmocka_unit_test(test_local_addresses_are_not_broadcast),
+        cmocka_unit_test(test_rule_naming_the_receivers_port),
     };
     return cmocka_run_group_tests_name("dgram_apps", tests, NULL, NULL);
 }
