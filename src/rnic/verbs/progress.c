@@ -3,8 +3,8 @@
  *
  * It sleeps in epoll_wait on: the device's async event fd (CQ overflow, drained send queues), the completion
  * channel of every UD QP's internal CQ (datagrams in and out), the rdma_cm channel of UD binds (SIDR requests
- * from peers resolving us), and an eventfd to be woken. Its timeout is the earliest UD deadline (READ
- * responses, Write-Record and segmented SEND reassembly).
+ * from peers resolving us, and the steps of their multicast joins), and an eventfd to be woken. Its timeout is
+ * the earliest UD deadline (READ responses, Write-Record and segmented SEND reassembly).
  *
  * Why a thread for UD at all: one-sided operations (Write-Record, the emulated RDMA READ) must make progress at
  * the target even while its application is not polling; with real hardware the HCA would. RC traffic never

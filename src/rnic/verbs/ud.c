@@ -15,12 +15,16 @@
  *   receiving   the device fills a ring of the provider's buffers; the progress thread copies each payload into
  *               the application's posted receive at the datagram's offset (one copy; lkeys checked in software)
  *               and completes the receive, in posting order, when the whole message arrived.
+ *   multicast   a join is an rdma_cm id of its own per group (resolve, rdma_join_multicast, ibv_attach_mcast),
+ *               moved on by the progress thread while the caller waits with a deadline; a peer that is a group
+ *               gets its address handle from a send-only join (remote QPN 0xFFFFFF).
  */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "common/log.h"
 #include "rnic/verbs/ud.h"
@@ -57,7 +61,8 @@ void rs_vud_hdr_encode(const struct rs_vud_hdr *h, uint8_t *out)
     out[3] = h->flags;
     out[4] = (uint8_t)(h->src_port >> 8);
     out[5] = (uint8_t)h->src_port;
-    out[6] = out[7] = 0;
+    out[6] = (uint8_t)(h->group_port >> 8);
+    out[7] = (uint8_t)h->group_port;
     put32(out + 8, h->msg_id);
     put32(out + 12, h->msg_len);
     put32(out + 16, h->offset);
@@ -77,6 +82,7 @@ bool rs_vud_hdr_decode(const uint8_t *in, size_t len, struct rs_vud_hdr *h)
     if (h->opcode < RS_VUD_SEND || h->opcode > RS_VUD_READ_RESP)
         return false;
     h->src_port = (uint16_t)(in[4] << 8 | in[5]);
+    h->group_port = (uint16_t)(in[6] << 8 | in[7]);
     h->msg_id = get32(in + 8);
     h->msg_len = get32(in + 12);
     h->offset = get32(in + 16);
@@ -201,6 +207,12 @@ int rs_v_ud_create(struct rs_v_qp *qp)
     pthread_mutex_init(&ud->progress_lock, NULL);
     pthread_mutex_init(&ud->tx_lock, NULL);
     pthread_mutex_init(&ud->rx_lock, NULL);
+    pthread_mutex_init(&ud->mc_lock, NULL);
+    pthread_condattr_t cattr;
+    pthread_condattr_init(&cattr);
+    pthread_condattr_setclock(&cattr, CLOCK_MONOTONIC);   /* joins wait with a deadline on rs_v_now_ms's clock */
+    pthread_cond_init(&ud->mc_cond, &cattr);
+    pthread_condattr_destroy(&cattr);
     atomic_init(&ud->bound, false);
     atomic_init(&ud->error, false);
     atomic_init(&ud->qos_gen, 1);
@@ -341,6 +353,9 @@ static void post_datagram(struct rs_v_ud *ud, struct rs_v_job *job)
     uint32_t plen = 0;
     if (job->kind != RS_V_JOB_READ && job->len > off)
         plen = (uint32_t)(job->len - off < ud->chunk ? job->len - off : ud->chunk);
+    uint16_t group_port = 0;
+    if (job->kind != RS_V_JOB_READ_RESP && job->peer->multicast)
+        group_port = ntohs(((const struct sockaddr_in *)&job->peer->addr)->sin_port);   /* same place in v6 */
     struct rs_vud_hdr h = {
         .opcode = job->kind == RS_V_JOB_SEND ? RS_VUD_SEND
                   : job->kind == RS_V_JOB_RECORD ? RS_VUD_RECORD
@@ -348,6 +363,7 @@ static void post_datagram(struct rs_v_ud *ud, struct rs_v_job *job)
         .flags = (uint8_t)((last ? RS_VUD_F_LAST : 0) | (last && job->solicited ? RS_VUD_F_SOLICITED : 0) |
                            (job->status != RS_WC_SUCCESS && job->kind == RS_V_JOB_READ_RESP ? RS_VUD_F_REFUSED : 0)),
         .src_port = ud->port,
+        .group_port = group_port,
         .msg_id = job->msg_id,
         .msg_len = (uint32_t)job->len,
         .offset = (uint32_t)off,
@@ -505,6 +521,8 @@ static int make_job(struct rs_v_ud *ud, const struct rs_rnic_send_wr *wr, struct
     struct rs_v_peer *peer = (struct rs_v_peer *)wr->ud_peer;
     if (!peer || !peer_ready_for(ud, peer))
         return -EINVAL;
+    if (peer->multicast && kind == RS_V_JOB_READ)
+        return -EINVAL;     /* one request, as many answers as members: not a READ */
     uint64_t len = 0;
     for (int i = 0; i < wr->num_sge; i++)
         len += wr->sg_list[i].length;
@@ -816,6 +834,9 @@ static void rx_datagram(struct rs_v_ud *ud, const struct ibv_wc *wc)
         ud->refused++;
         return;
     }
+    /* Group traffic for another port of the group: not ours, as a UDP socket on this port would not see it. */
+    if (h.group_port && h.group_port != ud->port)
+        return;
     const uint8_t *payload = grh + RS_V_GRH_LEN + RS_V_UD_HDR_LEN;
     uint32_t len = wc->byte_len - RS_V_GRH_LEN - RS_V_UD_HDR_LEN;
     struct rs_v_src src;
@@ -1108,6 +1129,8 @@ void rs_v_ud_qos_changed(struct rs_v_qp *qp)
     atomic_fetch_add(&qp->ud->qos_gen, 1);
 }
 
+static void mcast_leave_all(struct rs_v_ud *ud);
+
 void rs_v_ud_destroy(struct rs_v_qp *qp)
 {
     struct rs_v_ud *ud = qp->ud;
@@ -1118,6 +1141,7 @@ void rs_v_ud_destroy(struct rs_v_qp *qp)
             rs_v_cq_remove_ud(qp->recv_cq, qp);
     }
     rs_v_ud_set_error(qp);
+    mcast_leave_all(ud);
     if (ud->bind_id)
         rdma_destroy_id(ud->bind_id);
     if (qp->qp) {
@@ -1142,6 +1166,8 @@ void rs_v_ud_destroy(struct rs_v_qp *qp)
     pthread_mutex_destroy(&ud->progress_lock);
     pthread_mutex_destroy(&ud->tx_lock);
     pthread_mutex_destroy(&ud->rx_lock);
+    pthread_mutex_destroy(&ud->mc_lock);
+    pthread_cond_destroy(&ud->mc_cond);
     free(ud->rbuf);
     free(ud->sbuf);
     free(ud->buckets);
@@ -1154,11 +1180,15 @@ void rs_v_ud_destroy(struct rs_v_qp *qp)
 
 /* ---- SIDR answers (progress thread) ----------------------------------------------------------------------- */
 
+static void mcast_event(struct rs_v_qp *qp, struct rdma_cm_event *e);
+
 void rs_v_ud_cm_event(struct rs_v_qp *qp, struct rdma_cm_event *e)
 {
     RS_DEBUG("verbs: UD QP %u: %s (status %d)", qp->qp ? qp->qp->qp_num : 0, rdma_event_str(e->event), e->status);
-    if (e->event != RDMA_CM_EVENT_CONNECT_REQUEST)
+    if (e->event != RDMA_CM_EVENT_CONNECT_REQUEST) {
+        mcast_event(qp, e);
         return;
+    }
     struct rs_v_ud *ud = qp->ud;
     /* A QP in ERROR still answers: what is sent to it is dropped, as by any UD QP that stopped listening. */
     if (!ud || !atomic_load(&ud->bound)) {
@@ -1171,6 +1201,32 @@ void rs_v_ud_cm_event(struct rs_v_qp *qp, struct rdma_cm_event *e)
     param.qp_num = qp->qp->qp_num;
     if (rdma_accept(e->id, &param))
         RS_DEBUG("verbs: SIDR answer failed: %d", errno);
+}
+
+/* A specific local address of the group's family to join or send from (port 0); false for none or a wildcard. */
+static bool specific_source(const struct sockaddr *cand, int family, struct sockaddr_storage *out)
+{
+    if (!cand || cand->sa_family != family)
+        return false;
+    memset(out, 0, sizeof(*out));
+    memcpy(out, cand, rs_v_sockaddr_len(cand));
+    if (family == AF_INET) {
+        struct sockaddr_in *sin = (struct sockaddr_in *)out;
+        sin->sin_port = 0;
+        return sin->sin_addr.s_addr != htonl(INADDR_ANY);
+    }
+    struct sockaddr_in6 *sin6 = (struct sockaddr_in6 *)out;
+    sin6->sin6_port = 0;
+    return !IN6_IS_ADDR_UNSPECIFIED(&sin6->sin6_addr);
+}
+
+static bool is_group(const struct sockaddr *addr)
+{
+    if (addr->sa_family == AF_INET)
+        return IN_MULTICAST(ntohl(((const struct sockaddr_in *)addr)->sin_addr.s_addr));
+    if (addr->sa_family == AF_INET6)
+        return IN6_IS_ADDR_MULTICAST(&((const struct sockaddr_in6 *)addr)->sin6_addr);
+    return false;
 }
 
 /* ---- peers ------------------------------------------------------------------------------------------------ */
@@ -1236,11 +1292,7 @@ int rs_v_ud_resolve_peer(struct rs_rnic_qp *base, struct rs_rnic_cm *cm_base, co
     struct rs_v_ud *ud = qp->ud;
     if (!atomic_load(&ud->bound))
         return -EINVAL;
-    bool multicast = addr->sa_family == AF_INET
-                         ? IN_MULTICAST(ntohl(((const struct sockaddr_in *)addr)->sin_addr.s_addr))
-                         : IN6_IS_ADDR_MULTICAST(&((const struct sockaddr_in6 *)addr)->sin6_addr);
-    if (multicast)
-        return -EOPNOTSUPP;
+    bool multicast = is_group(addr);
     struct rs_v_peer *peer = calloc(1, sizeof(*peer));
     if (!peer)
         return -ENOMEM;
@@ -1250,6 +1302,7 @@ int rs_v_ud_resolve_peer(struct rs_rnic_qp *base, struct rs_rnic_cm *cm_base, co
     peer->qp = qp;
     peer->cm = cm;
     peer->context = context;
+    peer->multicast = multicast;
     memcpy(&peer->addr, addr, rs_v_sockaddr_len(addr));
     if (qos) {
         peer->qos = *qos;
@@ -1283,6 +1336,9 @@ int rs_v_ud_resolve_peer(struct rs_rnic_qp *base, struct rs_rnic_cm *cm_base, co
             have_src = !IN6_IS_ADDR_UNSPECIFIED(&sin6->sin6_addr);
         }
     }
+    /* A group has no route to follow back to a device: a wildcard QP sends from the device's address. */
+    if (!have_src && multicast)
+        have_src = specific_source((const struct sockaddr *)&qp->dev->addr, addr->sa_family, &src);
     uint32_t timeout = timeout_ms ? timeout_ms : 2000;
     /* Everything the progress thread looks at is in place before the kernel can answer. */
     peer->id = id;
@@ -1300,6 +1356,25 @@ int rs_v_ud_resolve_peer(struct rs_rnic_qp *base, struct rs_rnic_cm *cm_base, co
     }
     *out = &peer->base;
     return 0;
+}
+
+/* A peer that is a group: a send-only join gives the group's address handle without making this host a member
+ * (on RoCEv2 no IGMP report); kernels without send-only joins get a full join instead. The id, and with it the
+ * membership, goes once the address handle exists: the AH does not depend on it. */
+static int join_to_send(struct rs_v_peer *peer, struct rdma_cm_id *id)
+{
+    struct rdma_cm_join_mc_attr_ex attr;
+    memset(&attr, 0, sizeof(attr));
+    attr.comp_mask = RDMA_CM_JOIN_MC_ATTR_ADDRESS | RDMA_CM_JOIN_MC_ATTR_JOIN_FLAGS;
+    attr.join_flags = RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER;
+    attr.addr = (struct sockaddr *)&peer->addr;
+    if (rdma_join_multicast_ex(id, &attr, peer) == 0)
+        return 0;
+    int err = rs_v_errno_from_rdma(-1);
+    RS_DEBUG("verbs: peer %p: send-only join refused (%d), joining fully", (void *)peer, err);
+    if (rdma_join_multicast(id, (struct sockaddr *)&peer->addr, peer) == 0)
+        return 0;
+    return rs_v_errno_from_rdma(-1);
 }
 
 static void peer_event_out(struct rs_v_peer *peer, enum rs_rnic_cm_event_type type, int error,
@@ -1330,6 +1405,12 @@ bool rs_v_ud_peer_event(struct rs_v_peer *peer, struct rdma_cm_event *e, struct 
             err = -ENODEV;
             break;
         }
+        if (peer->multicast) {
+            err = join_to_send(peer, e->id);
+            if (!err)
+                return false;
+            break;
+        }
         if (rdma_resolve_route(e->id, left))
             err = rs_v_errno_from_rdma(-1);
         else {
@@ -1347,8 +1428,12 @@ bool rs_v_ud_peer_event(struct rs_v_peer *peer, struct rdma_cm_event *e, struct 
         break;
     }
     case RDMA_CM_EVENT_ESTABLISHED:
+    case RDMA_CM_EVENT_MULTICAST_JOIN:
+        if ((e->event == RDMA_CM_EVENT_MULTICAST_JOIN) != peer->multicast)
+            return false;
         peer->ah_attr = e->param.ud.ah_attr;
-        peer->remote_qpn = e->param.ud.qp_num;
+        /* A group is addressed with the multicast QPN whatever the join said. */
+        peer->remote_qpn = peer->multicast ? 0xffffffu : e->param.ud.qp_num;
         peer->remote_qkey = e->param.ud.qkey;
         peer->ah_qos_gen = atomic_load(&peer->qp->ud->qos_gen);
         err = make_ah(peer);
@@ -1364,6 +1449,7 @@ bool rs_v_ud_peer_event(struct rs_v_peer *peer, struct rdma_cm_event *e, struct 
     case RDMA_CM_EVENT_UNREACHABLE:
     case RDMA_CM_EVENT_REJECTED:
     case RDMA_CM_EVENT_CONNECT_ERROR:
+    case RDMA_CM_EVENT_MULTICAST_ERROR:
         err = e->status < 0 ? e->status : -EHOSTUNREACH;
         break;
     default:
@@ -1412,17 +1498,218 @@ int rs_v_ud_counters(const struct rs_rnic_qp *base, struct rs_rnic_ud_counters *
     return 0;
 }
 
-int rs_v_ud_join_multicast(struct rs_rnic_qp *qp, const struct sockaddr *group, const struct sockaddr *iface)
+/* ---- multicast -------------------------------------------------------------------------------------------- */
+
+static bool same_group(const struct sockaddr_storage *a, const struct sockaddr *b)
 {
-    (void)qp;
-    (void)group;
-    (void)iface;
-    return -EOPNOTSUPP;
+    if (a->ss_family != b->sa_family)
+        return false;
+    if (b->sa_family == AF_INET)
+        return ((const struct sockaddr_in *)a)->sin_addr.s_addr == ((const struct sockaddr_in *)b)->sin_addr.s_addr;
+    return memcmp(&((const struct sockaddr_in6 *)a)->sin6_addr, &((const struct sockaddr_in6 *)b)->sin6_addr,
+                  sizeof(struct in6_addr)) == 0;
 }
 
-int rs_v_ud_leave_multicast(struct rs_rnic_qp *qp, const struct sockaddr *group)
+static struct rs_v_mcast *find_group(struct rs_v_ud *ud, const struct sockaddr *group)
 {
-    (void)qp;
-    (void)group;
-    return -EOPNOTSUPP;
+    for (struct rs_v_mcast *m = ud->mcast; m; m = m->next) {
+        if (same_group(&m->group, group))
+            return m;
+    }
+    return NULL;
+}
+
+static void unlink_group(struct rs_v_ud *ud, struct rs_v_mcast *m)
+{
+    struct rs_v_mcast **link = &ud->mcast;
+    while (*link && *link != m)
+        link = &(*link)->next;
+    if (*link)
+        *link = m->next;
+}
+
+/* Detaches the QP and leaves; never with mc_lock held: rdma_leave_multicast and rdma_destroy_id wait until the
+ * progress thread has acknowledged the id's events, and its handler takes mc_lock. */
+static int release_group(struct rs_v_qp *qp, struct rs_v_mcast *m, bool orderly)
+{
+    int r = 0;
+    if (m->attached && qp->qp && ibv_detach_mcast(qp->qp, &m->ah_attr.grh.dgid, m->ah_attr.dlid))
+        r = errno ? -errno : -EIO;
+    if (orderly && m->join_sent && rdma_leave_multicast(m->id, (struct sockaddr *)&m->group) && !r)
+        r = rs_v_errno_from_rdma(-1);
+    rdma_destroy_id(m->id);
+    free(m);
+    return r;
+}
+
+static void mcast_leave_all(struct rs_v_ud *ud)
+{
+    pthread_mutex_lock(&ud->mc_lock);
+    struct rs_v_mcast *m = ud->mcast;
+    ud->mcast = NULL;
+    pthread_mutex_unlock(&ud->mc_lock);
+    while (m) {
+        struct rs_v_mcast *next = m->next;
+        release_group(ud->qp, m, true);
+        m = next;
+    }
+}
+
+/* The join's steps, on the progress thread: address resolved -> rdma_join_multicast -> joined -> attach. */
+static void mcast_event(struct rs_v_qp *qp, struct rdma_cm_event *e)
+{
+    struct rs_v_ud *ud = qp->ud;
+    if (!ud)
+        return;
+    pthread_mutex_lock(&ud->mc_lock);
+    struct rs_v_mcast *m = ud->mcast;
+    while (m && m->id != e->id)
+        m = m->next;
+    if (!m) {
+        pthread_mutex_unlock(&ud->mc_lock);
+        return;
+    }
+    int err = 0;
+    switch (e->event) {
+    case RDMA_CM_EVENT_ADDR_RESOLVED:
+        if (m->state != RS_V_MC_RESOLVING)
+            break;
+        if (e->id->verbs && ibv_get_device_guid(e->id->verbs->device) != ibv_get_device_guid(qp->dev->ctx->device))
+            err = -ENODEV;      /* the group is reached through another device */
+        else if (rdma_join_multicast(e->id, (struct sockaddr *)&m->group, m))
+            err = rs_v_errno_from_rdma(-1);
+        else {
+            m->join_sent = true;
+            m->state = RS_V_MC_JOINING;
+        }
+        break;
+    case RDMA_CM_EVENT_MULTICAST_JOIN:
+        if (m->state != RS_V_MC_JOINING)
+            break;
+        m->ah_attr = e->param.ud.ah_attr;
+        m->remote_qpn = e->param.ud.qp_num;
+        m->qkey = e->param.ud.qkey;
+        if (ibv_attach_mcast(qp->qp, &m->ah_attr.grh.dgid, m->ah_attr.dlid)) {
+            err = errno ? -errno : -EIO;
+            break;
+        }
+        m->attached = true;
+        m->state = RS_V_MC_JOINED;
+        if (m->qkey != RS_V_UD_QKEY)
+            RS_WARN("verbs: multicast group Q_Key 0x%x is not the UD QPs' 0x%x", m->qkey, RS_V_UD_QKEY);
+        RS_DEBUG("verbs: UD QP %u joined a group (MLID 0x%x, Q_Key 0x%x)", qp->qp->qp_num, m->ah_attr.dlid, m->qkey);
+        break;
+    case RDMA_CM_EVENT_ADDR_ERROR:
+    case RDMA_CM_EVENT_UNREACHABLE:
+    case RDMA_CM_EVENT_MULTICAST_ERROR:
+    case RDMA_CM_EVENT_DEVICE_REMOVAL:
+        if (m->state == RS_V_MC_JOINED) {
+            /* Nothing to tell: rnic.h has no event for a lost group; the QP simply stops hearing it. */
+            RS_WARN("verbs: UD QP %u: multicast group lost (%s, status %d)", qp->qp->qp_num,
+                    rdma_event_str(e->event), e->status);
+            break;
+        }
+        err = e->event == RDMA_CM_EVENT_DEVICE_REMOVAL ? -ENODEV : e->status < 0 ? e->status : -ENETUNREACH;
+        break;
+    default:
+        break;
+    }
+    if (err && m->state != RS_V_MC_JOINED) {
+        m->state = RS_V_MC_FAILED;
+        m->error = err;
+    }
+    pthread_cond_broadcast(&ud->mc_cond);
+    pthread_mutex_unlock(&ud->mc_lock);
+}
+
+int rs_v_ud_join_multicast(struct rs_rnic_qp *base, const struct sockaddr *group, const struct sockaddr *iface)
+{
+    struct rs_v_qp *qp = rs_v_qp(base);
+    if (qp->type != RS_QPT_UD || !group || !is_group(group))
+        return -EINVAL;
+    struct rs_v_ud *ud = qp->ud;
+    if (!atomic_load(&ud->bound) || atomic_load(&ud->error))
+        return -EINVAL;
+    /* The join is finished by the progress thread: waiting for it there would wait for ourselves. */
+    if (rs_v_on_progress_thread(qp->dev))
+        return -EDEADLK;
+    struct rdma_event_channel *channel = rs_v_progress_cm_channel(qp->dev);
+    if (!channel)
+        return -ENODEV;
+    struct rs_v_mcast *m = calloc(1, sizeof(*m));
+    if (!m)
+        return -ENOMEM;
+    m->ref.kind = RS_V_ID_UDBIND;
+    m->ref.obj = qp;
+    memcpy(&m->group, group, rs_v_sockaddr_len(group));
+    /* Out of the interface asked for, else the QP's own address, else the device's: a wildcard source leaves the
+     * choice to the routing table, which may have no multicast route at all. */
+    if (!specific_source(iface, group->sa_family, &m->src) &&
+        !specific_source((const struct sockaddr *)&ud->local, group->sa_family, &m->src) &&
+        !specific_source((const struct sockaddr *)&qp->dev->addr, group->sa_family, &m->src))
+        m->src.ss_family = AF_UNSPEC;
+    if (rdma_create_id(channel, &m->id, &m->ref, RDMA_PS_UDP)) {
+        int err = rs_v_errno_from_rdma(-1);
+        free(m);
+        return err;
+    }
+    m->state = RS_V_MC_RESOLVING;
+    pthread_mutex_lock(&ud->mc_lock);
+    if (find_group(ud, group)) {
+        pthread_mutex_unlock(&ud->mc_lock);
+        rdma_destroy_id(m->id);
+        free(m);
+        return -EADDRINUSE;     /* as IP_ADD_MEMBERSHIP twice */
+    }
+    /* In the list before the kernel can answer: the progress thread finds the group by its id. */
+    m->next = ud->mcast;
+    ud->mcast = m;
+    pthread_mutex_unlock(&ud->mc_lock);
+    uint64_t deadline = rs_v_now_ms() + RS_V_MC_JOIN_TIMEOUT_MS;
+    int r = 0;
+    struct sockaddr_storage dst;
+    memset(&dst, 0, sizeof(dst));
+    memcpy(&dst, group, rs_v_sockaddr_len(group));
+    if (rdma_resolve_addr(m->id, m->src.ss_family == AF_UNSPEC ? NULL : (struct sockaddr *)&m->src,
+                          (struct sockaddr *)&dst, (int)RS_V_MC_JOIN_TIMEOUT_MS)) {
+        r = rs_v_errno_from_rdma(-1);
+        if (r == -ENODEV || r == -EINVAL)
+            r = -EADDRNOTAVAIL;     /* an interface address that is not ours (or not on an RDMA device) */
+    }
+    struct timespec until = { .tv_sec = (time_t)(deadline / 1000), .tv_nsec = (long)(deadline % 1000) * 1000000 };
+    pthread_mutex_lock(&ud->mc_lock);
+    while (r == 0 && m->state != RS_V_MC_JOINED && m->state != RS_V_MC_FAILED) {
+        if (pthread_cond_timedwait(&ud->mc_cond, &ud->mc_lock, &until) == ETIMEDOUT &&
+            m->state != RS_V_MC_JOINED && m->state != RS_V_MC_FAILED)
+            r = -ETIMEDOUT;
+    }
+    if (r == 0 && m->state == RS_V_MC_FAILED)
+        r = m->error;
+    if (r)
+        unlink_group(ud, m);
+    pthread_mutex_unlock(&ud->mc_lock);
+    if (r) {
+        RS_DEBUG("verbs: UD QP %u: multicast join failed: %d", qp->qp->qp_num, r);
+        release_group(qp, m, false);
+    }
+    return r;
+}
+
+int rs_v_ud_leave_multicast(struct rs_rnic_qp *base, const struct sockaddr *group)
+{
+    struct rs_v_qp *qp = rs_v_qp(base);
+    if (qp->type != RS_QPT_UD || !group || !qp->ud)
+        return -EINVAL;
+    struct rs_v_ud *ud = qp->ud;
+    pthread_mutex_lock(&ud->mc_lock);
+    struct rs_v_mcast *m = ud->mcast;
+    /* A join still under way belongs to the thread waiting for it. */
+    while (m && !(m->state == RS_V_MC_JOINED && same_group(&m->group, group)))
+        m = m->next;
+    if (m)
+        unlink_group(ud, m);
+    pthread_mutex_unlock(&ud->mc_lock);
+    if (!m)
+        return -ENOENT;
+    return release_group(qp, m, true);
 }

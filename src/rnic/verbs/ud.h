@@ -5,7 +5,7 @@
  * Every datagram the provider sends on a UD QP carries a 40-byte header (big-endian) in front of the payload:
  *
  *    0  magic 0xd5 | version 1 | opcode | flags        opcode: 1 SEND, 2 WRITE_RECORD, 3 READ request,
- *    4  source port (16) | reserved (16)                       4 READ response
+ *    4  source port (16) | group port (16)                     4 READ response
  *    8  message id                                     flags: 1 last datagram, 2 solicited, 4 refused
  *   12  message length
  *   16  offset of this datagram's payload in the message
@@ -17,6 +17,10 @@
  * A message longer than one datagram (path MTU minus the header) is cut into datagrams that the receiver puts
  * back together in the posted receive (SEND) or in the target region (WRITE_RECORD). The source IP comes from
  * the GRH the device hands us, the source port from the header: together they are what wc.src reports.
+ *
+ * The group port is 0 except in datagrams sent to a multicast group: there it is the port of the group address
+ * the sender named, and a QP attached to the group takes only those whose group port is its own (a group reaches
+ * every QP attached to it; a UDP socket joined to a group only sees the datagrams sent to its port).
  */
 #ifndef RS_RNIC_VERBS_UD_H
 #define RS_RNIC_VERBS_UD_H
@@ -32,6 +36,7 @@ enum rs_vud_flags { RS_VUD_F_LAST = 1, RS_VUD_F_SOLICITED = 2, RS_VUD_F_REFUSED 
 struct rs_vud_hdr {
     uint8_t opcode, flags;
     uint16_t src_port;
+    uint16_t group_port;            /* multicast datagrams: the port the sender addressed; otherwise 0 */
     uint32_t msg_id, msg_len, offset, rkey, seg_len;
     uint64_t addr;
 };
@@ -101,6 +106,25 @@ struct rs_v_msg {
     bool solicited;
 };
 
+/* A multicast group a UD QP joined (rs_rnic_ud_join_multicast): its own rdma_cm id on the progress thread's
+ * channel (a listening id cannot join), resolved towards the group, then joined; the join's answer gives the
+ * MGID and MLID the QP is attached with. */
+enum rs_v_mc_state { RS_V_MC_RESOLVING, RS_V_MC_JOINING, RS_V_MC_JOINED, RS_V_MC_FAILED };
+
+struct rs_v_mcast {
+    struct rs_v_mcast *next;
+    struct rs_v_idref ref;          /* RS_V_ID_UDBIND: its events reach rs_v_ud_cm_event with the QP */
+    struct rdma_cm_id *id;
+    struct sockaddr_storage group;
+    struct sockaddr_storage src;    /* the local address the join goes out from (family AF_UNSPEC: any) */
+    enum rs_v_mc_state state;
+    int error;                      /* RS_V_MC_FAILED */
+    bool join_sent;                 /* rdma_join_multicast was called: a leave is owed */
+    bool attached;                  /* ibv_attach_mcast done */
+    struct ibv_ah_attr ah_attr;     /* from the join: MGID in grh.dgid, MLID in dlid */
+    uint32_t remote_qpn, qkey;
+};
+
 struct rs_v_ud {
     struct rs_v_qp *qp;
     struct ibv_cq *cq;
@@ -138,6 +162,10 @@ struct rs_v_ud {
     struct rs_v_msg *age_head, *age_tail;
     uint64_t dropped;               /* SEND messages with no receive posted */
     uint64_t refused;               /* datagrams refused: malformed, protection, stragglers */
+    /* multicast groups joined; mc_cond wakes a joining thread when the progress thread moved a join on */
+    pthread_mutex_t mc_lock;
+    pthread_cond_t mc_cond;
+    struct rs_v_mcast *mcast;
 };
 
 /* ud.c */

@@ -47,6 +47,7 @@
 #define RS_V_DEFAULT_SEND_TIMEOUT_MS 1000u  /* a segmented SEND missing a piece is given up after this */
 #define RS_V_DONE_LINGER_MS 2000u       /* how long a finished message's id is remembered (stragglers) */
 #define RS_V_DRAIN_TIMEOUT_MS 2000u
+#define RS_V_MC_JOIN_TIMEOUT_MS 3000u   /* rs_rnic_ud_join_multicast: longest wait for rdma_cm's join */
 #define RS_V_UD_HDR_LEN 40u            /* our header in front of every UD datagram (ud.c) */
 #define RS_V_GRH_LEN 40u               /* what a UD receive buffer holds before the payload */     /* orderly disconnect: longest wait for the send queue to drain */
 
