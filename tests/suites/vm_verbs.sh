@@ -12,7 +12,7 @@ source "$RS_TOP/tests/lib/vm_relay.sh"
 
 VM_TOOL=$RS_TOP/tools/vm/vm
 OUT=$RS_BUILD/test-logs/vm_verbs
-BINARIES=(test_rnic_core test_rnic_rc test_rnic_ud test_rnic_verbs_only)
+BINARIES=(test_rnic_core test_rnic_rc test_rnic_ud test_rnic_verbs_only test_dgram_load)
 started=$SECONDS
 
 finish() {
