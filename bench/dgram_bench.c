@@ -31,15 +31,10 @@
 #include "common/config.h"
 #include "common/log.h"
 #include "dgram_wr/dgram.h"
+#include "dgram_ep.h"
 
 enum path { P_KERNEL, P_SENDRECV, P_WRECORD };
 static const char *path_name[] = { "kernel", "sendrecv", "wrecord" };
-
-struct ep {
-    int fd;
-    struct rs_dgram_sock *s;        /* NULL: native */
-    struct sockaddr_in addr, peer;
-};
 
 static double now_s(void)
 {
@@ -91,44 +86,12 @@ static void ep_open(struct ep *e, enum path p)
     getsockname(e->fd, (struct sockaddr *)&e->addr, &l);
 }
 
-static void ep_close(struct ep *e)
-{
-    if (e->s)
-        rs_dgram_close(e->s);
-    close(e->fd);
-}
-
-static ssize_t ep_send(struct ep *e, const void *buf, size_t len)
-{
-    if (e->s)
-        return rs_dgram_sendto(e->s, buf, len, 0, (struct sockaddr *)&e->peer, sizeof(e->peer));
-    ssize_t n = sendto(e->fd, buf, len, 0, (struct sockaddr *)&e->peer, sizeof(e->peer));
-    return n < 0 ? -errno : n;
-}
-
-static ssize_t ep_recv(struct ep *e, void *buf, size_t len)
-{
-    if (e->s)
-        return rs_dgram_recvfrom(e->s, buf, len, 0, NULL, NULL);
-    ssize_t n = recvfrom(e->fd, buf, len, 0, NULL, NULL);
-    return n < 0 ? -errno : n;
-}
-
-static void set_timeout(struct ep *e, int ms)
-{
-    struct timeval tv = { ms / 1000, (ms % 1000) * 1000 };
-    if (e->s)
-        (void)rs_dgram_setsockopt(e->s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-    else
-        (void)setsockopt(e->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-}
-
 /* Both directions discovered before measuring. */
 static void warm(struct ep *a, struct ep *b)
 {
     static uint8_t buf[70000];
-    set_timeout(a, 20);
-    set_timeout(b, 20);
+    ep_set_timeout(a, 20);
+    ep_set_timeout(b, 20);
     for (int i = 0; i < 200; i++) {
         ep_send(a, "w", 1);
         ep_send(b, "w", 1);
@@ -142,8 +105,8 @@ static void warm(struct ep *a, struct ep *b)
     }
     while (ep_recv(b, buf, sizeof(buf)) >= 0) {
     }
-    set_timeout(a, 2000);
-    set_timeout(b, 2000);
+    ep_set_timeout(a, 2000);
+    ep_set_timeout(b, 2000);
 }
 
 /* ---- latency ---- */
@@ -252,7 +215,7 @@ static void stream(enum path p, size_t len, double seconds, double *mbps, double
     a.peer = b.addr;
     b.peer = a.addr;
     warm(&a, &b);
-    set_timeout(&a, 200);
+    ep_set_timeout(&a, 200);
     struct sink_arg sk = { .e = &b, .len = len };
     pthread_t t;
     pthread_create(&t, NULL, stream_rx, &sk);

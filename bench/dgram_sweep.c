@@ -46,6 +46,7 @@
 #include "common/config.h"
 #include "common/log.h"
 #include "dgram_wr/dgram.h"
+#include "dgram_ep.h"
 #include "rnic/soft/soft.h"     /* rs_soft_test_set_drop: the TEST ONLY loss knob */
 
 enum path { P_KERNEL, P_SENDRECV, P_WRECORD, P_COUNT };
@@ -56,12 +57,6 @@ static const char *const path_name[P_COUNT] = { "kernel", "sendrecv", "wrecord" 
 #define SOCK_BUF (8 << 20)
 #define BW_MAX_INFLIGHT_BYTES (2u << 20)
 #define BW_STALL_MS 20
-
-struct ep {
-    int fd;
-    struct rs_dgram_sock *s;        /* NULL: kernel */
-    struct sockaddr_in addr, peer;
-};
 
 static struct rs_config *cfgs[P_COUNT];
 static struct rs_dgram_config_policy pols[P_COUNT];
@@ -130,38 +125,6 @@ static void ep_open(struct ep *e, enum path p)
         die("getsockname", errno);
 }
 
-static void ep_close(struct ep *e)
-{
-    if (e->s)
-        rs_dgram_close(e->s);
-    close(e->fd);
-}
-
-static ssize_t ep_send(struct ep *e, const void *buf, size_t len)
-{
-    if (e->s)
-        return rs_dgram_sendto(e->s, buf, len, 0, (struct sockaddr *)&e->peer, sizeof(e->peer));
-    ssize_t n = sendto(e->fd, buf, len, 0, (struct sockaddr *)&e->peer, sizeof(e->peer));
-    return n < 0 ? -errno : n;
-}
-
-static ssize_t ep_recv(struct ep *e, void *buf, size_t len)
-{
-    if (e->s)
-        return rs_dgram_recvfrom(e->s, buf, len, 0, NULL, NULL);
-    ssize_t n = recvfrom(e->fd, buf, len, 0, NULL, NULL);
-    return n < 0 ? -errno : n;
-}
-
-static void set_timeout(struct ep *e, int ms)
-{
-    struct timeval tv = { ms / 1000, (ms % 1000) * 1000 };
-    if (e->s)
-        (void)rs_dgram_setsockopt(e->s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-    else
-        (void)setsockopt(e->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-}
-
 static struct rs_dgram_stats ep_stats(struct ep *e)
 {
     struct rs_dgram_stats st;
@@ -181,8 +144,8 @@ static void pair_open(struct ep *a, struct ep *b, enum path p)
     ep_open(b, p);
     a->peer = b->addr;
     b->peer = a->addr;
-    set_timeout(a, 20);
-    set_timeout(b, 20);
+    ep_set_timeout(a, 20);
+    ep_set_timeout(b, 20);
     bool ready = p == P_KERNEL;
     for (int i = 0; i < 300 && !ready; i++) {
         ep_send(a, "w", 1);
@@ -262,8 +225,8 @@ static void latency(enum path p, size_t len, double seconds, struct result *r)
 {
     struct ep a, b;
     pair_open(&a, &b, p);
-    set_timeout(&a, 1000);
-    set_timeout(&b, 50);
+    ep_set_timeout(&a, 1000);
+    ep_set_timeout(&b, 50);
     struct ponger_arg pa = { .e = &b };
     pthread_t t;
     pthread_create(&t, NULL, ponger, &pa);
@@ -365,7 +328,7 @@ static void bw(enum path p, size_t len, double seconds, uint32_t loss_ppm, unsig
 {
     struct ep a, b;
     pair_open(&a, &b, p);
-    set_timeout(&b, 50);
+    ep_set_timeout(&b, 50);
     struct bw_shared sh = { .e = &b, .seq_bytes = len < 8 ? len : 8 };
     pthread_mutex_init(&sh.mu, NULL);
     pthread_condattr_t ca;
