@@ -8,7 +8,7 @@
 # shellcheck source=../lib.sh
 . "$RS_VM_LIB" || exit 1
 port=${RS_SDP_WIRE_PORT:-7480}
-mib=${RS_SDP_WIRE_MIB:-2}
+mib=${RS_SDP_WIRE_MIB:-1}
 tool=$RS_BUILD/bin/rdmasock
 conf=/tmp/sdp_wire.conf
 # The rule names the server's address and port for both ends: rdma (no fallback), so a connection that did not
@@ -16,10 +16,11 @@ conf=/tmp/sdp_wire.conf
 echo "use rdma tcp any 198.18.0.1:$port" > "$conf"
 
 if [[ "$RS_VM_ROLE" == a ]]; then
-    # A buffer that holds the whole transfer (64 MiB for about 3 MB of frames): with the default one, tcpdump on an
-    # emulated CPU drops most of a bulk transfer's frames, and the checks need every message. (Truncated frames do
-    # not help: the InfiniBand dissector then hands no payload to the SDP one.)
-    rs_vm_capture_start "$(rs_vm_out_file sdp.pcap)" -B 65536 udp port 4791 ||
+    # The checks need every message. tcpdump on an emulated CPU drops frames when it cannot keep up, so: a buffer
+    # that holds the whole transfer (64 MiB for under 2 MB of frames) and the file in the guest's RAM (/tmp, copied
+    # out afterwards) rather than on the 9p share. (Truncated frames do not help: the InfiniBand dissector then
+    # hands no payload to the SDP one.)
+    rs_vm_capture_start /tmp/sdp.pcap -B 65536 udp port 4791 ||
         echo 1 > "$(rs_vm_out_file capture.rc)"
 fi
 rs_vm_wait_peer_ready 120 || exit 1
@@ -47,5 +48,7 @@ rs_vm_barrier done 170 || exit 1
 if [[ "$RS_VM_ROLE" == a ]]; then
     rs_vm_capture_stop
     echo $? > "$(rs_vm_out_file capture.rc)"
+    cp /tmp/sdp.pcap "$(rs_vm_out_file sdp.pcap)"
+    cp /tmp/sdp.pcap.log "$(rs_vm_out_file sdp.pcap.log)"
 fi
 exit 0
