@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "rnic/soft/soft.h"
+#include "rnic/soft/ud.h"     /* rs_ud_addr_equal */
 
 #define OWNED_MAX_FD (1u << 20)                 /* the kernel's default nr_open */
 static uint64_t owned[OWNED_MAX_FD / 64];        /* bit per fd; atomic updates */
@@ -57,21 +58,6 @@ void rs_soft_listener_fd_park(int fd)
         rs_soft_sys_close(fd);      /* no room: behave as before parking existed */
 }
 
-static bool same_tcp_addr(const struct sockaddr_storage *a, const struct sockaddr_storage *b)
-{
-    if (a->ss_family != b->ss_family)
-        return false;
-    if (a->ss_family == AF_INET) {
-        const struct sockaddr_in *x = (const struct sockaddr_in *)a, *y = (const struct sockaddr_in *)b;
-        return x->sin_port == y->sin_port && x->sin_addr.s_addr == y->sin_addr.s_addr;
-    }
-    if (a->ss_family == AF_INET6) {
-        const struct sockaddr_in6 *x = (const struct sockaddr_in6 *)a, *y = (const struct sockaddr_in6 *)b;
-        return x->sin6_port == y->sin6_port && memcmp(&x->sin6_addr, &y->sin6_addr, sizeof(x->sin6_addr)) == 0;
-    }
-    return false;
-}
-
 int rs_soft_listener_fd_take(const struct sockaddr_storage *tcp_addr)
 {
     int found = -1;
@@ -84,7 +70,7 @@ int rs_soft_listener_fd_take(const struct sockaddr_storage *tcp_addr)
          * listener, whatever it is now, and is forgotten. */
         bool ours = fd_bit(listening, parked[i]) &&
                     rs_soft_sys_getsockname(parked[i], (struct sockaddr *)&bound, &len) == 0;
-        if (ours && !same_tcp_addr(&bound, tcp_addr))
+        if (ours && !rs_ud_addr_equal(&bound, tcp_addr))
             continue;
         if (ours)
             found = parked[i];
