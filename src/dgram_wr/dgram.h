@@ -74,6 +74,7 @@ struct rs_dgram_opts {
     uint32_t negative_ttl_ms;           /* a silent or refusing peer is probed again after this; default 10,000 */
     uint32_t zcopy_threshold;           /* wrecord: smallest datagram placed straight into a waiting buffer;
                                          * default 16,384 */
+    bool owns_fd;                       /* the socket closes fd itself when it is freed (see rs_dgram_attach) */
 };
 
 void rs_dgram_default_opts(struct rs_dgram_opts *opts);
@@ -90,9 +91,12 @@ void rs_dgram_config_policy(void *arg, enum rs_role role, const struct sockaddr 
 /*
  * Wraps the application's UDP socket fd (AF_INET or AF_INET6, SOCK_DGRAM). The RDMA side is set up when the
  * socket is bound (now if it already is; else at rs_dgram_bind, or at the first send, which binds to the wildcard
- * address and a free port as the kernel would). The fd is not closed by rs_dgram_close: close it after
- * rs_dgram_close returned (the soft RNIC reads it until then). Bind and connect go through rs_dgram_bind and
- * rs_dgram_connect so the RDMA side follows the kernel socket.
+ * address and a free port as the kernel would). The RNIC may read the fd (the soft RNIC adopts it) until the
+ * socket is freed, i.e. until the last rs_dgram_release, which can come after rs_dgram_close when another
+ * holder keeps a reference: with opts->owns_fd the socket closes the fd itself at that point, after its QP let
+ * go of it; otherwise close it only once the last reference is gone. (Closing it earlier leaves the RNIC's
+ * thread watching a closed fd number, which the process may already have reused for another file.)
+ * Bind and connect go through rs_dgram_bind and rs_dgram_connect so the RDMA side follows the kernel socket.
  */
 int rs_dgram_attach(int fd, const struct rs_dgram_opts *opts, struct rs_dgram_sock **out);
 int rs_dgram_close(struct rs_dgram_sock *s);

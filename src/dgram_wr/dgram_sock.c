@@ -537,6 +537,9 @@ static void sock_free(struct rs_dgram_sock *s)
     pthread_mutex_unlock(&s->lock);
     syscall(SYS_close, s->notify_fd);
     syscall(SYS_close, s->pending_efd);
+    /* Only now: the QP that read the socket is destroyed, so no RNIC thread names this fd number any more. */
+    if (s->opts.owns_fd)
+        syscall(SYS_close, s->fd);
     pthread_mutex_destroy(&s->lock);
     free(s);
 }

@@ -111,7 +111,8 @@ static void isock_destroy(struct rs_fd_obj *obj)
     }
     if (s->dg && mine) {
         rs_fd_unmark_internal(rs_dgram_fd(s->dg));
-        rs_dgram_release(s->dg);
+        rs_fd_unmark_internal(s->dg_fd);
+        rs_dgram_release(s->dg);     /* the last reference closes dg_fd (owns_fd) */
     }
     rs_stats_slot_release(s->stats_slot);
     pthread_mutex_destroy(&s->lock);
@@ -170,8 +171,11 @@ static void dgram_attach(struct rs_isock *s, int fd)
     opts.policy = rs_dgram_config_policy;
     opts.policy_arg = &cfg_policy;
     opts.rnic_kind = rnic_kind_for(NULL);
-    /* The datagram layer reads the socket from the RNIC's thread until it is closed: give it a name of its own,
-     * so the application's close/dup2 on its fd number never pulls the socket from under it. */
+    /* The datagram layer reads the socket from the RNIC's thread until it is freed: give it a name of its own,
+     * so the application's close/dup2 on its fd number never pulls the socket from under it, and let the layer
+     * close that name itself once its QP is gone (closing it at the application's close raced the RNIC's
+     * thread, which could still change its watch on the closed number: libev aborts on EBADF). */
+    opts.owns_fd = true;
     int priv = RS_REAL(fcntl)(fd, F_DUPFD_CLOEXEC, 64);
     if (priv < 0)
         return;
@@ -263,9 +267,12 @@ int rs_isock_last_close(struct rs_isock *s)
         r = rs_sdp_close(s->sdp);
     if (s->dg) {
         rs_dgram_close(s->dg);
-        rs_fd_unmark_internal(s->dg_fd);
-        RS_REAL(close)(s->dg_fd);
-        s->dg_fd = -1;
+        if (s->owner != getpid()) {
+            /* A forked child's copy of the private fd: its RNIC state is the parent's, nothing here reads it. */
+            rs_fd_unmark_internal(s->dg_fd);
+            RS_REAL(close)(s->dg_fd);
+            s->dg_fd = -1;
+        }
     }
     rs_stats_slot_set_state(s->stats_slot, RS_STATS_STATE_CLOSED);
     pthread_mutex_unlock(&s->lock);

@@ -10,6 +10,7 @@
  */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
@@ -553,6 +554,40 @@ static void test_close_says_bye(void **state)
     dt_world_free(w);
 }
 
+/* With owns_fd the socket closes the application's fd itself, and only once the last reference is gone: the soft
+ * RNIC adopts that fd and watches it until its QP is destroyed, so closing it at rs_dgram_close while another
+ * holder keeps the socket alive left the RNIC's thread watching a closed (or reused) fd number. */
+static void test_owned_fd_outlives_close(void **state)
+{
+    (void)state;
+    struct dt_world *w = dt_world("use both udp any 127.0.0.1 dgram=wrecord\n");
+    struct rs_dgram_opts o;
+    rs_dgram_default_opts(&o);
+    o.owns_fd = true;
+    struct dt_ep a, b;
+    dt_open_opts(&a, w, "127.0.0.1", 0, 0, &o);
+    dt_open(&b, w, "127.0.0.1", 0);
+    dt_warm(&a, &b);
+    rs_dgram_hold(a.s);                 /* another holder, as a thread still inside a call would be */
+    assert_int_equal(rs_dgram_close(a.s), 0);
+    assert_true(fcntl(a.fd, F_GETFD) >= 0);
+    /* Traffic towards the closed socket keeps its QP busy meanwhile. */
+    char buf[1000];
+    memset(buf, 'x', sizeof(buf));
+    for (int i = 0; i < 200; i++)
+        (void)dt_send(&b, &a, buf, sizeof(buf));
+    usleep(20000);
+    assert_true(fcntl(a.fd, F_GETFD) >= 0);
+    rs_dgram_release(a.s);              /* the last reference: QP gone, then the fd */
+    errno = 0;
+    assert_int_equal(fcntl(a.fd, F_GETFD), -1);
+    assert_int_equal(errno, EBADF);
+    a.s = NULL;
+    a.fd = -1;
+    dt_close(&b);
+    dt_world_free(w);
+}
+
 /* ---- readiness, timeouts, signals ---- */
 
 static void test_readiness_fd(void **state)
@@ -871,6 +906,7 @@ int main(void)
         cmocka_unit_test(test_restart_sendrecv),
         cmocka_unit_test(test_restart_wrecord),
         cmocka_unit_test(test_close_says_bye),
+        cmocka_unit_test(test_owned_fd_outlives_close),
         cmocka_unit_test(test_readiness_fd),
         cmocka_unit_test(test_rcvtimeo),
         cmocka_unit_test(test_eintr_and_close),

@@ -80,9 +80,14 @@ void rs_soft_ud_qp_destroy(struct rs_soft_qp *qp)
     if (!ud)
         return;
     rs_soft_qp_set_state(qp, RS_QPS_ERROR);
-    /* Synchronous: once these return, the progress thread no longer touches this QP. */
-    rs_soft_watch_del(ud->watch);
+    /* The send path changes the watch under sq_lock from any thread (and from the loop's timer): take it away under
+     * that lock first, so no late change can reach a watch being freed. */
+    pthread_mutex_lock(&qp->sq_lock);
+    struct rs_soft_watch *watch = ud->watch;
     ud->watch = NULL;
+    pthread_mutex_unlock(&qp->sq_lock);
+    /* Synchronous: once these return, the progress thread no longer touches this QP. */
+    rs_soft_watch_del(watch);
     rs_soft_timer_free(ud->timer);
     ud->timer = NULL;
     reset_rx_state(ud);
