@@ -130,6 +130,43 @@ rs_vm_wait_listen() {
     done
 }
 
+# rs_vm_serve NAME PORT SERVER_CMD... -- CLIENT_CMD...: start an rdma_cm
+# server in the background, wait for its listener, run the client as step
+# NAME (NAME.txt, NAME.rc), then collect the server (NAME_server.log/.rc).
+# perftest with -R connects twice on one port (its parameter exchange, then
+# the test's QP), and its server re-listens in between: a client that comes
+# back in that window is REJECTED (no listener) and perftest gives up (or
+# crashes). That race is perftest's own, so a REJECTED client gets a fresh
+# server and up to two more tries; NAME.txt says how many it took.
+rs_vm_serve() {
+    local name=$1 port=$2 attempt status; shift 2
+    local -a server=() client=()
+    while [[ $1 != -- ]]; do server+=("$1"); shift; done
+    shift
+    client=("$@")
+    for attempt in 1 2 3; do
+        rs_vm_bg "${name}_server" timeout 90 "${server[@]}"
+        if rs_vm_wait_listen "$port" 30; then
+            rs_vm_step "$name" timeout 60 "${client[@]}"
+            status=$?
+        else
+            echo "no rdma_cm listener on port $port" > "$RS_VM_OUT/$name.txt"
+            echo 1 > "$RS_VM_OUT/$name.rc"
+            status=1
+        fi
+        if (( status != 0 )) && grep -q 'RDMA_CM_EVENT_REJECTED' "$RS_VM_OUT/$name.txt" && (( attempt < 3 )); then
+            cp "$RS_VM_OUT/$name.txt" "$RS_VM_OUT/$name.rejected$attempt.txt"
+            rs_vm_wait "${name}_server" 5 > /dev/null
+            continue
+        fi
+        break
+    done
+    echo "attempt $attempt (perftest's rdma_cm re-listen race: a REJECTED client is retried)" >> "$RS_VM_OUT/$name.txt"
+    rs_vm_wait "${name}_server" 30
+    echo $? > "$RS_VM_OUT/${name}_server.rc"
+    return "$status"
+}
+
 # rs_vm_capture_start FILE [TCPDUMP FILTER...]: capture RS_VM_NETDEV to FILE
 # and return once tcpdump is really capturing (it says so on stderr).
 rs_vm_capture_start() {

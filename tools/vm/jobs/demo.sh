@@ -38,10 +38,9 @@ fi
 echo
 
 echo "2) ib_send_lat (perftest): 1000 RC sends of 2 bytes on $dev, connected by rdma_cm"
-rs_vm_bg demo_lat_server timeout 60 ib_send_lat -d "$dev" -R -n 1000 -p 18515
-if rs_vm_wait_listen 18515 30 &&
-   timeout 60 ib_send_lat -d "$dev" -R -n 1000 -p 18515 "$addr" > "$RS_VM_OUT/send_lat.txt" 2>&1 &&
-   rs_vm_wait demo_lat_server 30 &&
+if rs_vm_serve send_lat 18515 ib_send_lat -d "$dev" -R -n 1000 -p 18515 -- \
+       ib_send_lat -d "$dev" -R -n 1000 -p 18515 "$addr" > /dev/null &&
+   [[ $(cat "$RS_VM_OUT/send_lat_server.rc") == 0 ]] &&
    row=$(awk '$1 == 2 && $2 == 1000 && $5 > 0 && NF >= 8 { print; exit }' "$RS_VM_OUT/send_lat.txt") &&
    [[ -n "$row" ]]; then
     grep -m1 '#bytes' "$RS_VM_OUT/send_lat.txt" | sed 's/^ */   /'
