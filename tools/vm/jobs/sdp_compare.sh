@@ -1,0 +1,85 @@
+#!/bin/bash
+# One-VM job of bench/sdp_verbs.sh (issue 5's verbs targets): SDP over the verbs provider measured beside raw
+# verbs and beside rsockets on the same rxe device, in one boot, so the ratios compare stacks on one machine state.
+#   1. bandwidth by size (64 KiB..1 MiB): perftest's ib_write_bw (raw RDMA WRITE) vs sdp_bench --kind verbs (SDP
+#      stream sockets, one direction, blocking, as an application would use them);
+#   2. rsockets vs SDP with ONE program: rstream (librdmacm's rsockets benchmark) natively, and `rstream -T s`
+#      (plain socket calls) under rdmasock's preload, where its TCP sockets become SDP on rxe0. Same flags, same
+#      measure: 64 B ping-pong (-C 1) and bulk transfers (-C 100) of 64 KiB and 1 MiB, default (nonblocking,
+#      spinning) and blocking (-T b) calls.
+# Writes compare.csv (test,variant,size,metric,value) and every tool's raw output into RS_VM_OUT.
+
+# shellcheck source=../lib.sh
+. "$RS_VM_LIB" || exit 1
+dev=$RS_VM_RDMA_DEV
+addr=$RS_VM_ADDR
+bench=${RS_SDP_BENCH:-$RS_BUILD/bench/sdp_bench}
+lib=${RS_LIB:-$RS_BUILD/librdmasock.so}
+sizes=${RS_SDP_SIZES:-65536 262144 1048576}
+reps=${RS_SDP_REPS:-3}
+out=$RS_VM_OUT/compare.csv
+echo "test,variant,size,metric,value" > "$out"
+conf=$RS_VM_OUT/rdmasock.conf
+printf 'use rdma tcp any %s:*\n' "$addr" > "$conf"
+
+# 1a. perftest: MB/s (2^20) at each size, converted to 10^6 bytes per second.
+port=18700
+for size in $sizes; do
+    iters=$(( (64 << 20) / size )); (( iters < 50 )) && iters=50
+    for rep in $(seq 1 "$reps"); do
+        name=write_bw_${size}_$rep
+        rs_vm_serve "$name" "$port" ib_write_bw -d "$dev" -R -s "$size" -n "$iters" -p "$port" -- \
+            ib_write_bw -d "$dev" -R -s "$size" -n "$iters" -p "$port" "$addr" > /dev/null
+        awk -v s="$size" '$1 == s && NF >= 4 && $2 ~ /^[0-9]+$/ { v = $4 }
+            END { if (v != "") printf "write_bw,perftest,%s,MBps,%.2f\n", s, v * 1.048576 }' \
+            "$RS_VM_OUT/$name.txt" >> "$out"
+        port=$((port + 1))
+    done
+done
+
+# 1b. sdp_bench over verbs: one direction, the same sizes (its CSV: test,size,tcp,sdp,ratio; MB/s in 10^6).
+list=$(tr ' ' ',' <<< "$sizes")
+timeout 900 "$bench" --kind verbs --addr "$addr" --modes bw --sizes "$list" --seconds 2 --reps "$reps" \
+    > "$RS_VM_OUT/sdp_bench.txt" 2>&1
+echo "sdp_bench: exit $?"
+awk -F, '$1 ~ /^bw/ && $2 ~ /^[0-9]+$/ { printf "write_bw,sdp,%s,MBps,%s\n", $2, $4 }' "$RS_VM_OUT/sdp_bench.txt" >> "$out"
+
+# 2. rstream natively (rsockets) and with -T s under rdmasock (SDP). rstream prints
+#    name bytes xfers iters total time Gb/sec usec/xfer (both directions counted).
+rstream_run() {     # NAME VARIANT SIZE COUNT ITERS FLAGS...
+    local name=$1 variant=$2 size=$3 count=$4 iters=$5; shift 5
+    local p=$((20000 + RANDOM % 20000))
+    local -a pre=()
+    [[ $variant == sdp ]] && pre=(env LD_PRELOAD="$lib" RDMASOCK_CONF="$conf" RDMASOCK_TRANSPORT=verbs)
+    "${pre[@]}" timeout 120 rstream "$@" -b "$addr" -p "$p" -S "$size" -C "$count" -I "$iters" \
+        > "$RS_VM_OUT/$name.server.txt" 2>&1 &
+    local server=$! waited=0
+    # The server's listener: a TCP listen (SDP in 'rdma' mode keeps a kernel listener too) or an rsocket's rdma_cm.
+    until ss -Hltn "sport = :$p" 2>/dev/null | grep -q . ||
+          rdma resource show cm_id 2>/dev/null | grep -Eq "state LISTEN .*:$p( |\$)"; do
+        (( waited++ >= 100 )) && break
+        sleep 0.1
+    done
+    "${pre[@]}" timeout 120 rstream "$@" -s "$addr" -p "$p" -S "$size" -C "$count" -I "$iters" \
+        > "$RS_VM_OUT/$name.txt" 2>&1
+    wait "$server"
+    awk -v n="$name" -v v="$variant" -v s="$size" -v c="$count" '
+        $1 == "custom" { gb = $7; us = $8 }
+        END { if (gb != "") { t = c == 1 ? "rstream_lat" : "rstream_bw"
+                              printf "%s,%s,%s,Gbps,%s\n%s,%s,%s,us_per_xfer,%s\n", t, v, s, gb, t, v, s, us } }' \
+        "$RS_VM_OUT/$name.txt" >> "$out"
+}
+for calls in default blocking; do
+    flags=()
+    [[ $calls == blocking ]] && flags=(-T b)
+    for rep in $(seq 1 "$reps"); do
+        for variant in rsockets sdp; do
+            f=("${flags[@]}")
+            [[ $variant == sdp ]] && f+=(-T s)
+            rstream_run "rstream_${calls}_lat_${variant}_$rep" "$variant-$calls" 64 1 2000 "${f[@]}"
+            rstream_run "rstream_${calls}_bw64k_${variant}_$rep" "$variant-$calls" 65536 100 10 "${f[@]}"
+            rstream_run "rstream_${calls}_bw1m_${variant}_$rep" "$variant-$calls" 1048576 10 10 "${f[@]}"
+        done
+    done
+done
+exit 0
