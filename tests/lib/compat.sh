@@ -864,6 +864,11 @@ User www-data
 Group www-data
 $mpm_conf
 KeepAlive On
+# On verbs one prefork child holds every RDMA connection of the port, so a surplus connection ab opens at the end
+# of its run and never writes to holds that child for Timeout while the connection carrying the last request
+# waits behind it (head-of-line blocking, docs/interception.md "Differences"): with the default 60 s, ab's own
+# 30 s timeout fired first. 5 s bounds it (at most -c minus one such connections ahead of the last request).
+Timeout 5
 DocumentRoot "$root"
 <Directory "$root">
     Require all granted
