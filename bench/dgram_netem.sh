@@ -32,7 +32,9 @@ for path in sendrecv wrecord; do
 done
 # What iperf3 said about each point (a failed point's error is there).
 mkdir -p "$OUT/dgram-netem-json"
-cp "$run"/netem.*.json "$OUT/dgram-netem-json/" 2>/dev/null || true
+cp "$run"/netem.*.json "$run"/netem.*.json.err "$OUT/dgram-netem-json/" 2>/dev/null || true
+# Runs repeated because iperf3's own UDP set-up datagram was lost (tools/vm/jobs/dgram_netem.sh).
+cp "$run/b.netem-retries.txt" "$OUT/dgram-netem-retries.txt" 2>/dev/null || rm -f "$OUT/dgram-netem-retries.txt"
 fi
 
 # Summary: goodput under loss relative to the same path without loss, beside the independent-loss model: a
@@ -63,6 +65,12 @@ awk -F, 'NR > 1 { key = $1 "," $2; g[key "," $3] = $8; sent[key "," $3] = $5; pa
       printf "| %s | %s | %s | %.2f | %s | %.3f |\n", P[i], S[j], L[l], v, r, (1 - L[l] / 100) ^ k
     }
   }' "$OUT/dgram-netem.csv" > "$OUT/dgram-netem.md"
+if [[ -s $OUT/dgram-netem-retries.txt ]]; then
+  { echo
+    echo "Runs repeated because netem dropped iperf3's own UDP set-up datagram (it has no retry, so the client fails"
+    echo "before sending data, on any path): $(tr -d '"' < "$OUT/dgram-netem-retries.txt" | paste -sd ';' -)."
+  } >> "$OUT/dgram-netem.md"
+fi
 if command -v gnuplot >/dev/null; then
   gnuplot -e "out='$OUT/dgram-netem.png'; csv='$OUT/dgram-netem.csv'" "$RS_TOP/bench/plot/dgram-netem.gp" ||
     dg_die "gnuplot failed"

@@ -45,17 +45,29 @@ else
     rs_vm_wait_for servers 60 || exit 1
     out=$(rs_vm_out_file netem.csv)
     echo "path,size,loss_pct,offered_mbps,sent_packets,lost_packets,lost_pct,goodput_mbps" > "$out"
+    attempt=0         # numbers every run's JSON and stderr, so a point measured twice keeps both
     for size in $sizes; do
         for loss in $losses; do
             for path in kernel sendrecv wrecord; do
-                tc qdisc del dev "$RS_VM_NETDEV" root 2>/dev/null
-                [[ $loss != 0 ]] && tc qdisc add dev "$RS_VM_NETDEV" root netem loss "$loss%"
-                json=/tmp/netem.$path.$size.$loss.json
                 r=$rate t=$seconds
                 if (( size > 8192 )); then r=$(( ${rate%M} * 3 ))M; t=$(( seconds * 3 )); fi
-                run "$path" timeout $((t + 30)) iperf3 -c 198.18.0.1 -p "${port[$path]}" -u -b "$r" \
-                    -l "$size" -t "$t" -w 2M -J > "$json" 2> "$json.err"
-                tc qdisc del dev "$RS_VM_NETDEV" root 2>/dev/null
+                # iperf3's UDP set-up is one datagram each way with no retry: when netem drops either, the client
+                # fails before sending any data ("unable to read from stream socket"), whatever the path. That is
+                # not the transfer being measured, so such a run is repeated (twice at most); netem-retries.txt lists them.
+                local_try=0
+                while :; do
+                    tc qdisc del dev "$RS_VM_NETDEV" root 2>/dev/null
+                    [[ $loss != 0 ]] && tc qdisc add dev "$RS_VM_NETDEV" root netem loss "$loss%"
+                    attempt=$((attempt + 1)) local_try=$((local_try + 1))
+                    json=/tmp/netem.$path.$size.$loss.$attempt.json
+                    run "$path" timeout $((t + 30)) iperf3 -c 198.18.0.1 -p "${port[$path]}" -u -b "$r" \
+                        -l "$size" -t "$t" -w 2M -J > "$json" 2> "$json.err"
+                    tc qdisc del dev "$RS_VM_NETDEV" root 2>/dev/null
+                    jq -e '(.intervals // []) | length == 0' "$json" > /dev/null 2>&1 &&
+                        jq -e '.error // "" | test("stream socket")' "$json" > /dev/null 2>&1 && (( local_try < 3 )) ||
+                        break
+                    echo "\"$path\",$size,$loss,set-up lost (attempt $attempt)" >> "$(rs_vm_out_file netem-retries.txt)"
+                done
                 jq -r --arg p "$path" --arg s "$size" --arg l "$loss" '
                     .end.sum as $e | [$p, $s, $l, (($e.bits_per_second // 0) / 1e6), ($e.packets // 0),
                      ($e.lost_packets // 0), ($e.lost_percent // 100),
@@ -64,7 +76,7 @@ else
             done
         done
     done
-    cp /tmp/netem.*.json "$RS_VM_OUT/" 2>/dev/null
+    cp /tmp/netem.*.json /tmp/netem.*.json.err "$RS_VM_OUT/" 2>/dev/null
     rs_vm_signal clients-done
 fi
 rs_vm_barrier done 120 || exit 1
