@@ -40,6 +40,9 @@ struct rs_rnic_ops {
     int (*cq_arm)(struct rs_rnic_cq *cq, bool solicited_only);
     void (*cq_ack_events)(struct rs_rnic_cq *cq);
     int (*poll_cq)(struct rs_rnic_cq *cq, int n, struct rs_rnic_wc *wc);
+    /* Optional (NULL: no fds, nothing to end): progress on the waiting thread (rnic.h). */
+    int (*cq_wait_begin)(struct rs_rnic_cq *cq, int *fds, int max);
+    void (*cq_wait_end)(struct rs_rnic_cq *cq);
     int (*create_srq)(struct rs_rnic_pd *pd, uint32_t max_wr, uint32_t max_sge, struct rs_rnic_srq **out);
     int (*destroy_srq)(struct rs_rnic_srq *srq);
     int (*create_qp)(struct rs_rnic_pd *pd, const struct rs_rnic_qp_attr *attr, struct rs_rnic_qp **out);

@@ -98,6 +98,19 @@ int rs_rnic_poll_cq(struct rs_rnic_cq *cq, int n, struct rs_rnic_wc *wc)
     return cq->rnic->ops->poll_cq(cq, n, wc);
 }
 
+int rs_rnic_cq_wait_begin(struct rs_rnic_cq *cq, int *fds, int max)
+{
+    if (!cq->rnic->ops->cq_wait_begin)
+        return 0;
+    return cq->rnic->ops->cq_wait_begin(cq, fds, max);
+}
+
+void rs_rnic_cq_wait_end(struct rs_rnic_cq *cq)
+{
+    if (cq->rnic->ops->cq_wait_end)
+        cq->rnic->ops->cq_wait_end(cq);
+}
+
 int rs_rnic_create_srq(struct rs_rnic_pd *pd, uint32_t max_wr, uint32_t max_sge, struct rs_rnic_srq **out)
 {
     return pd->rnic->ops->create_srq(pd, max_wr, max_sge, out);

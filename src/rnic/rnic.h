@@ -190,8 +190,27 @@ int rs_rnic_destroy_cq(struct rs_rnic_cq *cq);         /* -EBUSY while QPs use i
 int rs_rnic_cq_fd(const struct rs_rnic_cq *cq);
 int rs_rnic_cq_arm(struct rs_rnic_cq *cq, bool solicited_only);
 void rs_rnic_cq_ack_events(struct rs_rnic_cq *cq);
-/* Up to n completions, oldest first; returns how many (0 if none), or -EOVERFLOW once the CQ overflowed. */
+/* Up to n completions, oldest first; returns how many (0 if none), or -EOVERFLOW once the CQ overflowed.
+ * Between rs_rnic_cq_wait_begin and _end (below) a provider may make progress on the calling thread when the CQ
+ * has nothing queued (soft: it receives what waits on the sockets of the RC QPs whose receive CQ this is). A
+ * completion such a call produces and returns itself does not fire the armed notification: the arm stays for the
+ * next completion nobody took. */
 int rs_rnic_poll_cq(struct rs_rnic_cq *cq, int n, struct rs_rnic_wc *wc);
+/*
+ * Blocking on a CQ, with one wake-up per event: besides rs_rnic_cq_fd, wait for readability on the fds that
+ * rs_rnic_cq_wait_begin returns (at most max; 0 when the provider needs none, or cannot hand over all it would
+ * need). When one of them is readable, rs_rnic_poll_cq on this thread makes the progress itself, so the
+ * completion does not first wake a provider thread that then wakes this one; meanwhile the provider leaves
+ * those events to the waiter. One wait at a time per thread. Each begin that returned more than 0 is followed, on
+ * the same thread, by exactly one rs_rnic_cq_wait_end, after the wake-up was handled (whatever woke it). Order:
+ * arm, poll once more, begin, wait on the CQ fd and these fds, ack (if the CQ fd fired) and poll, end.
+ * On a CQ that brackets are used on, a provider may fire the arm late (soft: 1 ms) for a successful completion an
+ * application thread added itself (a SEND that completed while it was posted) and not at all if a poll empties the
+ * CQ first: the poster polls anyway, and others watching the CQ fd are not woken for nothing. A thread entering a
+ * bracket is told at once, so it never sleeps on such a completion.
+ */
+int rs_rnic_cq_wait_begin(struct rs_rnic_cq *cq, int *fds, int max);
+void rs_rnic_cq_wait_end(struct rs_rnic_cq *cq);
 
 /* ---- queue pairs and shared receive queues ---------------------------------------------------------------- */
 

@@ -6,7 +6,9 @@
  * waiter's fd. A per-thread fd (rather than the socket's public notification fd) is what makes several blocked
  * threads safe: one thread draining a shared fd could hide a wake-up meant for another. Sleeping in ppoll keeps
  * the waits interruptible by signals (EINTR), as blocking socket calls are. The waiter also watches the socket's
- * CQ fd, so a completion wakes it straight from the RNIC without a hop through the progress thread.
+ * CQ fd, so a completion wakes it straight from the RNIC without a hop through the progress thread, and the fds
+ * the RNIC asks a CQ waiter to watch (rs_rnic_cq_wait_begin: the soft RNIC's TCP socket), so that an inbound
+ * message wakes this thread alone and is received on it (no hop through the RNIC's own thread either).
  *
  * System calls go through syscall(2): the interception layer interposes poll, read and write, and the library
  * must not re-enter itself.
@@ -247,6 +249,9 @@ void rs_sdp_signal(struct rs_sdp_sock *s)
     }
 }
 
+/* fds a CQ waiter watches for the RNIC (one connection: the soft RNIC asks for its QP's TCP socket, verbs none) */
+#define SDP_WAIT_RNIC_FDS 4
+
 static int wait_common(struct rs_sdp_sock *s, uint64_t deadline_ms, bool interruptible)
 {
     int fd = thread_wait_fd();
@@ -254,14 +259,25 @@ static int wait_common(struct rs_sdp_sock *s, uint64_t deadline_ms, bool interru
         return fd;
     struct sdp_waiter w = { .next = s->waiters, .fd = fd, .signalled = false };
     s->waiters = &w;
-    struct pollfd pfd[2] = { { .fd = fd, .events = POLLIN }, { .fd = -1, .events = POLLIN } };
+    struct pollfd pfd[2 + SDP_WAIT_RNIC_FDS] = { { .fd = fd, .events = POLLIN }, { .fd = -1, .events = POLLIN } };
     int nfds = 1;
+    struct rs_rnic_cq *waited_cq = NULL;
     if (s->cq && s->state != SDP_ST_CLOSED) {
         /* Arm so a new completion makes the CQ fd readable; any completion already queued is found by the
          * caller's next progress call (it loops), so the fd being readable already is harmless. */
         rs_rnic_cq_arm(s->cq, false);
         pfd[1].fd = rs_rnic_cq_fd(s->cq);
         nfds = 2;
+        int extra[SDP_WAIT_RNIC_FDS];
+        int ne = rs_rnic_cq_wait_begin(s->cq, extra, SDP_WAIT_RNIC_FDS);
+        if (ne > 0) {
+            waited_cq = s->cq;      /* the socket holds its CQ until the last reference, which we have */
+            for (int i = 0; i < ne; i++) {
+                pfd[nfds].fd = extra[i];
+                pfd[nfds].events = POLLIN;
+                nfds++;
+            }
+        }
     }
     pthread_mutex_unlock(&s->lock);
     int result = 0;
@@ -290,6 +306,9 @@ static int wait_common(struct rs_sdp_sock *s, uint64_t deadline_ms, bool interru
             break;
         }
     }
+    bool rnic_ready = false;
+    for (int i = 2; i < nfds; i++)
+        rnic_ready = rnic_ready || pfd[i].revents != 0;
     pthread_mutex_lock(&s->lock);
     for (struct sdp_waiter **pp = &s->waiters; *pp; pp = &(*pp)->next) {
         if (*pp == &w) {
@@ -297,8 +316,11 @@ static int wait_common(struct rs_sdp_sock *s, uint64_t deadline_ms, bool interru
             break;
         }
     }
-    efd_drain(fd);
-    if (nfds == 2 && (pfd[1].revents & POLLIN) && s->cq) {
+    /* Read it only when it was written (a signaller sets signalled first, under the lock) or found readable: an
+     * unconditional read costs every wake-up a system call that mostly finds nothing. */
+    if (w.signalled || (pfd[0].revents & POLLIN))
+        efd_drain(fd);
+    if (nfds >= 2 && (pfd[1].revents & POLLIN) && s->cq) {
         /* Woken by the CQ itself: take the notification over from the progress thread (left readable, every
          * later wait would return at once and a blocked caller would spin), and with it the progress thread's
          * duty, exactly as rs_sdp_on_cq does it: ack, re-arm, then poll. The completions that made the fd
@@ -308,7 +330,13 @@ static int wait_common(struct rs_sdp_sock *s, uint64_t deadline_ms, bool interru
         rs_rnic_cq_ack_events(s->cq);
         rs_rnic_cq_arm(s->cq, false);
         rs_sdp_progress(s);
+    } else if (rnic_ready && s->cq) {
+        /* Woken by the RNIC's own fd: the poll in this progress call receives what woke us, on this thread. */
+        rs_sdp_progress(s);
     }
+    /* Only now: until the end the RNIC leaves those fds to this thread, which has taken what woke it. */
+    if (waited_cq)
+        rs_rnic_cq_wait_end(waited_cq);
     if (result == -ETIMEDOUT && deadline_ms && rs_sdp_now_ms() < deadline_ms)
         result = 0;
     return result;

@@ -8,17 +8,27 @@
  *        rc_cm.c  listen / connect / accept / reject / disconnect, MPA Request/Reply exchange, timers
  *
  * Threads and locks:
- *   - Everything that changes the connection state (rc->conn), the receive machine and the inbound Read queue runs
- *     on the device's progress thread: application calls (connect, accept, disconnect, destroy, set_error) hop to
- *     it with rs_soft_progress_call_sync.
+ *   - Everything that changes the connection state (rc->conn) runs on the device's progress thread: application
+ *     calls (connect, accept, disconnect, destroy, set_error) hop to it with rs_soft_progress_call_sync.
+ *   - The receive machine (rc->rx, the ORQ's consumer side, the IRQ's producer side, rx_eof, peer_fin) runs under
+ *     rc->rx_lock, on the progress thread or, in RTS, on an application thread that waits on the receive CQ and polls
+ *     it inside its wait bracket (consumer progress, rs_rc_rx_inline; docs/rnic-rc.md). Whoever holds rx_lock never
+ *     waits for the progress thread (no _sync call, no watch or timer deletion): an application thread leaves every
+ *     slow path (EOF, a fatal error, closing) to the progress thread with an asynchronous call. So the progress thread
+ *     may block on rx_lock where it must (errors, closing, destroy), and on its hot path only try-locks it. rx_lock is
+ *     recursive because the progress thread's error path re-enters it (rs_rc_fatal -> set_error -> close).
+ *   - While an application thread waits on the socket (the receive CQ has a blocked waiter), the progress thread
+ *     leaves the socket's READ event alone ("parks" it) for RS_RC_RX_PARK_MS, so one message wakes one thread.
  *   - Transmission runs on whichever thread holds rc->tx_lock: the posting thread sends its own work requests while
  *     the socket accepts them; the progress thread finishes what the socket refused and is the only one that
  *     produces Read Responses and Terminates. FPDUs of different messages interleave only at FPDU boundaries
  *     because a batch is only built when the previous one was completely handed to the socket.
- *   - Lock order: rc->tx_lock -> qp->sq_lock -> device MR read lock -> rq->lock -> cq->lock (soft.h's order with
- *     tx_lock in front). tx_lock is never held while calling rs_soft_qp_enter_error or waiting for the loop.
+ *   - Lock order: cq->attach_lock -> rc->rx_lock -> rc->tx_lock -> qp->sq_lock -> device MR read lock -> rq->lock ->
+ *     cq->lock (soft.h's order with rx_lock and tx_lock in front). tx_lock is never held while calling
+ *     rs_soft_qp_enter_error or waiting for the loop.
  *   - The outstanding-Read queue (ORQ) is single-producer (transmitter, under tx_lock) single-consumer (receiver,
- *     progress thread), with atomic indexes.
+ *     under rx_lock), and the inbound Read queue (IRQ) single-producer (receiver) single-consumer (transmitter on
+ *     the progress thread), both with atomic indexes.
  */
 #ifndef RS_RNIC_SOFT_RC_H
 #define RS_RNIC_SOFT_RC_H
@@ -58,6 +68,16 @@ _Static_assert(RS_RC_FPDU_MAX - RS_MPA_LEN_FIELD - RS_MPA_CRC_LEN <= RS_MPA_MAX_
 #define RS_RC_RX_BUDGET_BYTES (1u << 20)    /* bytes one receive turn may consume before yielding */
 #define RS_RC_RX_BUDGET_FPDUS 256
 #define RS_RC_RX_LOOKAHEAD 16               /* bytes of the next FPDU read with a trailer: the smallest header */
+/* An FPDU none of whose bytes were read yet starts with one read of up to this much into rx.stage, which then
+ * feeds the exact-size steps: a small message (header, payload, trailer) costs one read instead of three. Bulk
+ * transfers rarely get here (the lookahead of each payload read brings the next header) and then copy at most this
+ * much of an FPDU; the rest is still placed directly. */
+#define RS_RC_RX_STAGE 1024u
+/* How long the progress thread leaves a QP's inbound bytes to a waiting application thread once it found one
+ * waiting (docs/rnic-rc.md, consumer progress). It bounds the delay of independent progress when the application
+ * stops waiting (e.g. starts computing) with the socket parked; under traffic it costs the progress thread at most
+ * one timer and one re-park wake-up per period instead of one wake-up per message. */
+#define RS_RC_RX_PARK_MS 1u
 #define RS_RC_DEFAULT_CONNECT_TIMEOUT_MS 5000u
 #define RS_RC_MPA_REQUEST_TIMEOUT_MS 5000u  /* passive side: time a new TCP connection has to send its Request */
 #define RS_RC_CLOSE_TIMEOUT_MS 3000u        /* disconnect / error: time the peer has to close its half */
@@ -177,6 +197,11 @@ struct rs_rc_rx {
     /* Test/fuzz feeding: when set, bytes come from here instead of the socket. */
     const uint8_t *feed;
     size_t feed_len;
+    /* Bytes read ahead from the socket (RS_RC_RX_STAGE), consumed before the socket is read again. */
+    uint8_t stage[RS_RC_RX_STAGE];
+    size_t stage_off, stage_len;
+    bool drained;                           /* the last turn ended on a socket with nothing more to read */
+    bool short_read;                        /* this turn's last socket read returned less than it asked for */
 };
 
 struct rs_rc_qp {
@@ -211,6 +236,17 @@ struct rs_rc_qp {
     uint8_t mpa_in[RS_MPA_REQREP_MAX];      /* active: the Reply as it arrives */
     size_t mpa_have;
 
+    /* Receive side exclusion and consumer progress (see the header comment). */
+    pthread_mutex_t rx_lock;                /* recursive */
+    bool rx_inline;                         /* rx_lock: the holder is an application thread (rs_rc_rx_inline) */
+    bool rx_stop;                           /* rx_lock (stores atomic): an application thread met a fatal error; the
+                                             * progress thread takes the QP to ERROR, nobody receives meanwhile */
+    bool rx_end_pending;                    /* rx_lock (stores atomic): an application thread read EOF or a socket
+                                             * error ... */
+    int rx_end_result;                      /* ... (this result) and left it to the progress thread */
+    bool rx_parked;                         /* tx_lock: READ left out of the watch for a waiting thread */
+    struct rs_soft_timer *park_timer;
+
     /* Closing and errors (progress thread). */
     bool final_event_sent;                  /* REJECTED/UNREACHABLE/TIMEOUT/DISCONNECTED/ERROR pushed */
     bool quiet_error;                       /* entering ERROR without an ERROR event (already reported) */
@@ -244,7 +280,8 @@ struct rs_rc_qp {
     uint64_t orq_head, orq_tail;            /* atomic */
     struct rs_rc_irq_entry *irq;
     uint32_t irq_cap;
-    uint64_t irq_head, irq_tail;            /* written by the progress thread only (atomic stores) */
+    uint64_t irq_head, irq_tail;            /* head: transmitter (progress thread), tail: receiver (rx_lock); atomic
+                                             * stores, and loads where the other side reads them */
 
     struct rs_rc_rx rx;
 };
@@ -258,8 +295,8 @@ static inline void rs_rc_set_conn(struct rs_rc_qp *rc, enum rs_rc_conn c)
 {
     __atomic_store_n(&rc->conn, (int)c, __ATOMIC_RELEASE);
 }
-/* Read Responses still to transmit. The IRQ indexes change on the progress thread only; a posting thread reads
- * them to know it must leave the socket's writable event armed for the progress thread. */
+/* Read Responses still to transmit. The head moves on the progress thread, the tail with the receiver; a posting
+ * thread reads them to know it must leave the socket's writable event armed for the progress thread. */
 static inline bool rs_rc_irq_pending(const struct rs_rc_qp *rc)
 {
     return __atomic_load_n(&rc->irq_head, __ATOMIC_ACQUIRE) != __atomic_load_n(&rc->irq_tail, __ATOMIC_ACQUIRE);
@@ -318,8 +355,18 @@ bool rs_rc_tx_flush_only(struct rs_rc_qp *rc);
 
 /* ---- rc_rx.c ---- */
 
-/* Progress-thread receive turn on the socket (or the feed buffer). */
+/* Progress-thread receive turn on the socket (or the feed buffer); takes rx_lock. */
 void rs_rc_rx_run(struct rs_rc_qp *rc);
+/* The progress thread's READ event: a receive turn, unless a blocked application thread waits on this socket or
+ * holds rx_lock, in which case the socket is parked (RS_RC_RX_PARK_MS) instead. */
+void rs_rc_rx_event(struct rs_rc_qp *rc);
+/* Consumer progress on an application thread (rs_soft_rc_ops.rx_inline); true if it may have added completions,
+ * *drained false when the turn stopped with bytes left (budget). */
+bool rs_rc_rx_inline(struct rs_rc_qp *rc, bool *drained);
+/* True on a thread that is inside rs_rc_rx_inline (it holds an rx_lock and must not wait for the loop). */
+bool rs_rc_rx_inline_here(void);
+/* The park timer fired: the progress thread watches the socket again. */
+void rs_rc_park_timer_cb(struct rs_soft_timer *t, void *arg);
 /* Resets the receive machine for a new stream (MSNs start at 1). */
 void rs_rc_rx_reset(struct rs_rc_qp *rc);
 /* ERROR draining: reads and discards until EOF; returns true at EOF or on a socket error. */

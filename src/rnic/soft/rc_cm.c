@@ -198,6 +198,8 @@ static void send_frame(int fd, const struct rs_mpa_frame *f)
 
 void rs_rc_close_socket(struct rs_rc_qp *rc, bool abortive)
 {
+    /* rx_lock: an application thread may be reading the socket inline (consumer progress). */
+    pthread_mutex_lock(&rc->rx_lock);
     pthread_mutex_lock(&rc->tx_lock);
     struct rs_soft_watch *w = rc->watch;
     int fd = rc->fd;
@@ -219,6 +221,7 @@ void rs_rc_close_socket(struct rs_rc_qp *rc, bool abortive)
     if (rc->timer)
         rs_soft_timer_arm(rc->timer, 0);
     rs_rc_set_conn(rc, RS_RC_CLOSED);
+    pthread_mutex_unlock(&rc->rx_lock);
 }
 
 /* The connection attempt ended without a connection: one event, then the QP is in ERROR (its work flushed). */
@@ -269,7 +272,7 @@ void rs_rc_close_progress(struct rs_rc_qp *rc)
         pthread_mutex_unlock(&rc->tx_lock);
         if (quiet) {
             rs_soft_sys_shutdown(rc->fd, SHUT_WR);
-            rc->fin_sent = true;
+            __atomic_store_n(&rc->fin_sent, true, __ATOMIC_RELEASE);
             RS_DEBUG("soft rc: qp %u sent its FIN", rc->qp->qpn);
         }
     }
@@ -541,7 +544,7 @@ void rs_rc_io_cb(struct rs_soft_watch *w, int fd, unsigned revents, void *arg)
     case RS_RC_RTS:
     case RS_RC_CLOSING:
         if (revents & RS_SOFT_EV_READ)
-            rs_rc_rx_run(rc);
+            rs_rc_rx_event(rc);
         if (revents & RS_SOFT_EV_WRITE)
             rs_rc_tx_run(rc, true);
         rs_rc_close_progress(rc);
@@ -550,7 +553,7 @@ void rs_rc_io_cb(struct rs_soft_watch *w, int fd, unsigned revents, void *arg)
         bool left = (revents & RS_SOFT_EV_WRITE) ? rs_rc_tx_flush_only(rc) : rc->tx_want_write;
         if (!left && !rc->fin_sent && rc->fd >= 0) {
             rs_soft_sys_shutdown(rc->fd, SHUT_WR);
-            rc->fin_sent = true;
+            __atomic_store_n(&rc->fin_sent, true, __ATOMIC_RELEASE);
         }
         if ((revents & RS_SOFT_EV_READ) && rs_rc_rx_discard(rc))
             rs_rc_watch_update(rc);

@@ -86,8 +86,11 @@ void rs_rc_watch_update_locked(struct rs_rc_qp *rc)
     case RS_RC_RTS:
     case RS_RC_CLOSING:
     case RS_RC_DRAINING:
-        /* After EOF the socket stays readable forever: stop asking, or the loop would spin. */
-        ev = (__atomic_load_n(&rc->rx_eof, __ATOMIC_ACQUIRE) ? 0 : RS_SOFT_EV_READ) |
+        /* After EOF the socket stays readable forever: stop asking, or the loop would spin. A parked socket is a
+         * waiting application thread's to read (rs_rc_rx_event), in RTS only. */
+        ev = (__atomic_load_n(&rc->rx_eof, __ATOMIC_ACQUIRE) || (rc->rx_parked && rs_rc_conn(rc) == RS_RC_RTS)
+                  ? 0
+                  : RS_SOFT_EV_READ) |
              (rc->tx_want_write ? RS_SOFT_EV_WRITE : 0);
         break;
     default:
@@ -176,6 +179,12 @@ static bool queue_terminate_locked(struct rs_rc_qp *rc, const struct rs_term_cau
     return true;
 }
 
+static void fatal_loop(void *arg)
+{
+    struct rs_rc_qp *rc = arg;
+    rs_soft_qp_enter_error(rc->qp);
+}
+
 void rs_rc_fatal(struct rs_rc_qp *rc, const struct rs_term_cause *cause, const uint8_t *offending,
                  size_t offending_len, uint16_t offending_ulpdu_len, int detail)
 {
@@ -193,6 +202,14 @@ void rs_rc_fatal(struct rs_rc_qp *rc, const struct rs_term_cause *cause, const u
     pthread_mutex_unlock(&rc->tx_lock);
     if (!rc->error_detail)
         rc->error_detail = detail ? detail : -ECONNABORTED;
+    if (!rs_soft_progress_on_loop(rc->dev)) {
+        /* An application thread receiving inline holds rx_lock and must not wait for the progress thread: stop
+         * receiving here and let the progress thread take the QP to ERROR. */
+        __atomic_store_n(&rc->rx_stop, true, __ATOMIC_RELEASE);
+        if (rs_soft_progress_call(rc->dev, fatal_loop, rc) != 0)
+            RS_ERROR("soft rc: qp %u cannot queue its error handling (out of memory)", rc->qp->qpn);
+        return;
+    }
     rs_soft_qp_enter_error(rc->qp);
 }
 
@@ -214,14 +231,23 @@ void rs_rc_tx_failed(struct rs_rc_qp *rc)
 {
     if (rs_soft_progress_on_loop(rc->dev))
         tx_failed_loop(rc);
-    else if (rs_soft_progress_call(rc->dev, tx_failed_loop, rc) != 0)
-        rs_soft_progress_call_sync(rc->dev, tx_failed_loop, rc);
+    else if (rs_soft_progress_call(rc->dev, tx_failed_loop, rc) != 0) {
+        /* Out of memory: wait for the loop instead, unless this thread receives inline (it holds rx_lock, which the
+         * loop may be waiting for). Then the next transmission attempt reports the error again. */
+        if (rs_rc_rx_inline_here()) {
+            RS_ERROR("soft rc: qp %u cannot queue its transmit error (out of memory)", rc->qp->qpn);
+            pthread_mutex_lock(&rc->tx_lock);
+            rc->tx_fail_reported = false;
+            pthread_mutex_unlock(&rc->tx_lock);
+        } else {
+            rs_soft_progress_call_sync(rc->dev, tx_failed_loop, rc);
+        }
+    }
 }
 
 /* The core's set_error, on the progress thread: report, then close (gracefully behind a Terminate if we can). */
-static void set_error_loop(void *arg)
+static void set_error_locked(struct rs_rc_qp *rc)
 {
-    struct rs_rc_qp *rc = arg;
     enum rs_rc_conn conn = rs_rc_conn(rc);
     bool live = conn == RS_RC_CONNECTING || conn == RS_RC_MPA_WAIT || conn == RS_RC_RTS || conn == RS_RC_CLOSING;
     if (live && !rc->final_event_sent && !rc->quiet_error)
@@ -259,11 +285,20 @@ static void set_error_loop(void *arg)
     }
     if (!rs_rc_tx_flush_only(rc) && !rc->fin_sent) {
         rs_soft_sys_shutdown(rc->fd, SHUT_WR);
-        rc->fin_sent = true;
+        __atomic_store_n(&rc->fin_sent, true, __ATOMIC_RELEASE);
     }
     if (rc->timer)
         rs_soft_timer_arm(rc->timer, RS_RC_CLOSE_TIMEOUT_MS);
     rs_rc_watch_update(rc);
+}
+
+/* rx_lock: an application thread may be receiving inline into the receives about to be flushed. */
+static void set_error_loop(void *arg)
+{
+    struct rs_rc_qp *rc = arg;
+    pthread_mutex_lock(&rc->rx_lock);
+    set_error_locked(rc);
+    pthread_mutex_unlock(&rc->rx_lock);
 }
 
 /* ---- rs_soft_rc_ops ---- */
@@ -284,8 +319,10 @@ static int rc_qp_create(struct rs_soft_qp *qp)
     rc->orq = calloc(rc->orq_cap, sizeof(*rc->orq));
     rc->irq = calloc(rc->irq_cap, sizeof(*rc->irq));
     rc->timer = rs_soft_timer_new(qp->dev, rs_rc_timer_cb, rc);
-    if (!rc->slot_state || !rc->slot_status || !rc->orq || !rc->irq || !rc->timer) {
+    rc->park_timer = rs_soft_timer_new(qp->dev, rs_rc_park_timer_cb, rc);
+    if (!rc->slot_state || !rc->slot_status || !rc->orq || !rc->irq || !rc->timer || !rc->park_timer) {
         rs_soft_timer_free(rc->timer);
+        rs_soft_timer_free(rc->park_timer);
         free(rc->slot_state);
         free(rc->slot_status);
         free(rc->orq);
@@ -302,8 +339,14 @@ static int rc_qp_create(struct rs_soft_qp *qp)
     rc->local.ird = (uint16_t)(caps->max_ird < rc->irq_cap ? caps->max_ird : rc->irq_cap);
     rc->local.ord = (uint16_t)(caps->max_ord < rc->orq_cap ? caps->max_ord : rc->orq_cap);
     pthread_mutex_init(&rc->tx_lock, NULL);
+    pthread_mutexattr_t ma;
+    pthread_mutexattr_init(&ma);
+    pthread_mutexattr_settype(&ma, PTHREAD_MUTEX_RECURSIVE);
+    pthread_mutex_init(&rc->rx_lock, &ma);
+    pthread_mutexattr_destroy(&ma);
     rs_rc_set_conn(rc, RS_RC_IDLE);
-    qp->rc = rc;
+    /* Published for pollers of the QP's CQs (consumer progress), which may look at the QP from now on. */
+    __atomic_store_n(&qp->rc, rc, __ATOMIC_RELEASE);
     return 0;
 }
 
@@ -313,6 +356,10 @@ static void destroy_loop(void *arg)
     if (rc->timer) {
         rs_soft_timer_free(rc->timer);
         rc->timer = NULL;
+    }
+    if (rc->park_timer) {
+        rs_soft_timer_free(rc->park_timer);
+        rc->park_timer = NULL;
     }
     if (rc->fd >= 0) {
         enum rs_rc_conn conn = rs_rc_conn(rc);
@@ -333,6 +380,7 @@ static void rc_qp_destroy(struct rs_soft_qp *qp)
         return;
     rs_soft_progress_call_sync(rc->dev, destroy_loop, rc);
     pthread_mutex_destroy(&rc->tx_lock);
+    pthread_mutex_destroy(&rc->rx_lock);
     free(rc->slot_state);
     free(rc->slot_status);
     free(rc->orq);
@@ -371,6 +419,29 @@ static int rc_set_qos(struct rs_soft_qp *qp, const struct rs_rnic_qos *qos)
     return 0;
 }
 
+/* Consumer progress (soft.h v6): the QP has left its CQs before the half is destroyed, so qp->rc is either not
+ * published yet (NULL) or alive. */
+static bool rc_rx_inline(struct rs_soft_qp *qp, bool *drained)
+{
+    struct rs_rc_qp *rc = __atomic_load_n(&qp->rc, __ATOMIC_ACQUIRE);
+    *drained = true;
+    return rc && rs_rc_rx_inline(rc, drained);
+}
+
+static int rc_wait_fd(struct rs_soft_qp *qp)
+{
+    struct rs_rc_qp *rc = __atomic_load_n(&qp->rc, __ATOMIC_ACQUIRE);
+    /* A socket whose end (or fatal error) an application thread already met stays readable until the progress
+     * thread has finished it: a waiter on it would spin meanwhile. */
+    if (!rc || rs_rc_conn(rc) != RS_RC_RTS || __atomic_load_n(&rc->rx_eof, __ATOMIC_ACQUIRE) ||
+        __atomic_load_n(&rc->rx_end_pending, __ATOMIC_ACQUIRE) || __atomic_load_n(&rc->rx_stop, __ATOMIC_ACQUIRE))
+        return -1;
+    pthread_mutex_lock(&rc->tx_lock);
+    int fd = rc->fd;
+    pthread_mutex_unlock(&rc->tx_lock);
+    return fd;
+}
+
 const struct rs_soft_rc_ops rs_soft_rc_ops = {
     .qp_create = rc_qp_create,
     .qp_destroy = rc_qp_destroy,
@@ -389,6 +460,8 @@ const struct rs_soft_rc_ops rs_soft_rc_ops = {
     .disconnect = rs_rc_disconnect,
     .local_addr = rs_rc_local_addr,
     .request_discard = rs_rc_request_discard,
+    .rx_inline = rc_rx_inline,
+    .wait_fd = rc_wait_fd,
 };
 
 /* =========================================== TEST ONLY ===================================================== */

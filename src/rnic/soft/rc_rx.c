@@ -13,6 +13,12 @@
  *
  * Data of a failing FPDU may already sit in the target when its CRC is found wrong (as with any direct placement):
  * it only ever lands inside a buffer that passed the checks, and the message never completes.
+ *
+ * Who runs it (rc.h): whoever holds rc->rx_lock. That is the progress thread, or in RTS an application thread
+ * waiting on the receive CQ (consumer progress, rs_rc_rx_inline): then the message that wakes the waiter is
+ * received on the waiter's own thread, with no hop through the progress thread. An application thread
+ * only runs the fast path; what needs the progress thread (the end of the stream, a fatal error, closing) is
+ * handed to it with an asynchronous call, because a thread holding rx_lock never waits for the progress thread.
  */
 #include <errno.h>
 #include <string.h>
@@ -30,14 +36,55 @@ void rs_rc_rx_reset(struct rs_rc_qp *rc)
     rx->dest = RS_RC_DEST_NONE;
     rx->recv = NULL;
     rx->msg_bytes = 0;
+    rx->stage_off = rx->stage_len = 0;
     /* RFC 5041: the first message of every queue carries MSN 1. */
     rx->msn_send = rx->msn_rreq = rx->msn_term = 1;
 }
 
-/* Reads from the socket, or from the feed buffer in tests. Bytes, 0 at EOF, -EAGAIN, or -errno. */
+/* Copies up to len bytes of src into iov; returns how many. */
+static size_t copy_to_iov(const struct iovec *iov, int n, const uint8_t *src, size_t len)
+{
+    size_t done = 0;
+    for (int i = 0; i < n && done < len; i++) {
+        size_t take = iov[i].iov_len < len - done ? iov[i].iov_len : len - done;
+        memcpy(iov[i].iov_base, src + done, take);
+        done += take;
+    }
+    return done;
+}
+
+static ssize_t from_stage(struct rs_rc_rx *rx, const struct iovec *iov, int n)
+{
+    size_t took = copy_to_iov(iov, n, rx->stage + rx->stage_off, rx->stage_len - rx->stage_off);
+    rx->stage_off += took;
+    if (rx->stage_off == rx->stage_len)
+        rx->stage_off = rx->stage_len = 0;
+    return (ssize_t)took;
+}
+
+/* Reads from the socket (through the stage, RS_RC_RX_STAGE), or from the feed buffer in tests. Bytes, 0 at EOF,
+ * -EAGAIN, or -errno. */
 static ssize_t rx_readv(struct rs_rc_qp *rc, struct iovec *iov, int n)
 {
     struct rs_rc_rx *rx = &rc->rx;
+    if (rx->stage_len > rx->stage_off)
+        return from_stage(rx, iov, n);
+    /* A stream socket returns less than asked only when its queue ran dry: another read in this turn would most
+     * likely find nothing and cost a system call to say so. What arrives meanwhile keeps the socket readable, so
+     * whoever watches it (the progress thread, or a waiter that parked it) comes back for it. */
+    if (rx->short_read)
+        return -EAGAIN;
+    if (!rx->feed && rx->state == RS_RC_RX_HDR && rx->hhave == 0) {
+        struct iovec siov = { rx->stage, sizeof(rx->stage) };
+        struct msghdr sm = { .msg_iov = &siov, .msg_iovlen = 1 };
+        ssize_t r = rs_soft_sys_recvmsg(rc->fd, &sm, MSG_DONTWAIT);
+        if (r <= 0)
+            return r == -EWOULDBLOCK ? -EAGAIN : r;
+        rx->short_read = (size_t)r < sizeof(rx->stage);
+        rx->stage_off = 0;
+        rx->stage_len = (size_t)r;
+        return from_stage(rx, iov, n);
+    }
     if (rx->feed) {
         if (!rx->feed_len)
             return -EAGAIN;
@@ -53,6 +100,12 @@ static ssize_t rx_readv(struct rs_rc_qp *rc, struct iovec *iov, int n)
     }
     struct msghdr m = { .msg_iov = iov, .msg_iovlen = (size_t)n };
     ssize_t r = rs_soft_sys_recvmsg(rc->fd, &m, MSG_DONTWAIT);
+    if (r > 0) {
+        size_t want = 0;
+        for (int i = 0; i < n; i++)
+            want += iov[i].iov_len;
+        rx->short_read = (size_t)r < want;
+    }
     return r == -EWOULDBLOCK ? -EAGAIN : r;
 }
 
@@ -222,7 +275,7 @@ static bool rx_header(struct rs_rc_qp *rc)
             return false;
         }
         uint32_t limit = rc->neg.ird < rc->irq_cap ? rc->neg.ird : rc->irq_cap;
-        if (rc->irq_tail - rc->irq_head >= limit) {
+        if (rc->irq_tail - __atomic_load_n(&rc->irq_head, __ATOMIC_ACQUIRE) >= limit) {
             refuse(rc, untagged_cause(RS_TERM_DDP_UNTAGGED_INVALID_MSN_NO_BUFFER), -ENOBUFS);
             return false;
         }
@@ -410,7 +463,7 @@ static bool rx_finish(struct rs_rc_qp *rc, bool *kick_tx)
     }
     case RS_RDMAP_READ_REQUEST:
         rx->msn_rreq++;
-        if (rc->fin_sent)
+        if (__atomic_load_n(&rc->fin_sent, __ATOMIC_ACQUIRE))
             break;                      /* we closed our half: the response could not be sent any more */
         rc->irq[rc->irq_tail % rc->irq_cap].rr = seg->rr;
         rc->irq[rc->irq_tail % rc->irq_cap].sent = 0;
@@ -479,15 +532,34 @@ static size_t hdr_target(const struct rs_rc_rx *rx)
     return target < rx->hhave ? rx->hhave : target;
 }
 
+static void rx_kick_call(void *arg)
+{
+    rs_rc_rx_run(arg);
+}
+
+/* An application thread receiving inline met something only the progress thread may handle: queue it a turn. */
+static void rx_hand_over(struct rs_rc_qp *rc)
+{
+    if (rs_soft_progress_call(rc->dev, rx_kick_call, rc) != 0)
+        RS_WARN("soft rc: qp %u cannot hand its receive side to the progress thread (out of memory)", rc->qp->qpn);
+}
+
 /* EOF or a socket error while reading. */
 static void rx_stream_end(struct rs_rc_qp *rc, ssize_t r)
 {
     struct rs_rc_rx *rx = &rc->rx;
+    if (rc->rx_inline) {
+        /* The read consumed the error (SO_ERROR is reported once): keep it for the progress thread's turn. */
+        __atomic_store_n(&rc->rx_end_pending, true, __ATOMIC_RELEASE);
+        rc->rx_end_result = (int)r;
+        rx_hand_over(rc);
+        return;
+    }
     __atomic_store_n(&rc->rx_eof, true, __ATOMIC_RELEASE);
     rs_rc_watch_update(rc);
     if (r == 0 && rx->state == RS_RC_RX_HDR && rx->hhave == 0) {
         /* The peer closed at a message boundary: an orderly disconnect (iWARP has no disconnect message). */
-        rc->peer_fin = true;
+        __atomic_store_n(&rc->peer_fin, true, __ATOMIC_RELEASE);
         if (rs_rc_conn(rc) == RS_RC_RTS) {
             pthread_mutex_lock(&rc->tx_lock);
             rs_rc_set_conn(rc, RS_RC_CLOSING);
@@ -509,13 +581,28 @@ static void rx_stream_end(struct rs_rc_qp *rc, ssize_t r)
     rs_rc_fatal(rc, NULL, NULL, 0, 0, (int)r);
 }
 
-void rs_rc_rx_run(struct rs_rc_qp *rc)
+/* One receive turn, rx_lock held. */
+static void rx_run_locked(struct rs_rc_qp *rc)
 {
     struct rs_rc_rx *rx = &rc->rx;
     size_t bytes = 0;
     int fpdus = 0;
     bool kick_tx = false;
-    while (fpdus < RS_RC_RX_BUDGET_FPDUS && bytes < RS_RC_RX_BUDGET_BYTES && !rc->peer_fin) {
+    rx->drained = false;
+    rx->short_read = false;
+    if (rc->rx_stop && !rc->rx_inline) {
+        /* The fatal error an application thread met (rs_rc_fatal): its queued call may not have run yet, or could
+         * not be queued. Entering ERROR is idempotent; until then the readable socket would call us in a loop. */
+        rs_soft_qp_enter_error(rc->qp);
+        return;
+    }
+    if (rc->rx_end_pending && !rc->rx_inline) {
+        __atomic_store_n(&rc->rx_end_pending, false, __ATOMIC_RELEASE);
+        rx_stream_end(rc, rc->rx_end_result);
+        return;
+    }
+    while (fpdus < RS_RC_RX_BUDGET_FPDUS && bytes < RS_RC_RX_BUDGET_BYTES && !rc->peer_fin && !rc->rx_stop &&
+           !rc->rx_end_pending && (rc->fd >= 0 || rx->feed)) {
         enum rs_rc_conn conn = rs_rc_conn(rc);
         if (conn != RS_RC_RTS && conn != RS_RC_CLOSING)
             break;
@@ -528,6 +615,7 @@ void rs_rc_rx_run(struct rs_rc_qp *rc)
                 if (r <= 0) {
                     if (r != -EAGAIN)
                         rx_stream_end(rc, r);
+                    rx->drained = r == -EAGAIN;
                     break;
                 }
                 rx->hhave += (size_t)r;
@@ -545,6 +633,7 @@ void rs_rc_rx_run(struct rs_rc_qp *rc)
         if (r <= 0) {
             if (r != -EAGAIN)
                 rx_stream_end(rc, r);
+            rx->drained = r == -EAGAIN;
             break;
         }
         bytes += (size_t)r;
@@ -555,14 +644,100 @@ void rs_rc_rx_run(struct rs_rc_qp *rc)
         }
     }
     enum rs_rc_conn conn = rs_rc_conn(rc);
+    /* An application thread sends what the socket takes and leaves Read Responses to the progress thread (the
+     * transmitter keeps the writable event armed for them), as a posting thread does. */
     if (kick_tx && (conn == RS_RC_RTS || conn == RS_RC_CLOSING))
-        rs_rc_tx_run(rc, true);
-    if (rs_rc_conn(rc) == RS_RC_CLOSING)
-        rs_rc_close_progress(rc);
+        rs_rc_tx_run(rc, !rc->rx_inline);
+    if (rs_rc_conn(rc) == RS_RC_CLOSING) {
+        if (rc->rx_inline)
+            rx_hand_over(rc);
+        else
+            rs_rc_close_progress(rc);
+    }
+}
+
+void rs_rc_rx_run(struct rs_rc_qp *rc)
+{
+    pthread_mutex_lock(&rc->rx_lock);
+    rx_run_locked(rc);
+    pthread_mutex_unlock(&rc->rx_lock);
+}
+
+static void park(struct rs_rc_qp *rc)
+{
+    pthread_mutex_lock(&rc->tx_lock);
+    bool was = rc->rx_parked;
+    rc->rx_parked = true;
+    rs_rc_watch_update_locked(rc);
+    pthread_mutex_unlock(&rc->tx_lock);
+    if (!was && rc->park_timer)
+        rs_soft_timer_arm(rc->park_timer, RS_RC_RX_PARK_MS);
+}
+
+void rs_rc_park_timer_cb(struct rs_soft_timer *t, void *arg)
+{
+    (void)t;
+    struct rs_rc_qp *rc = arg;
+    pthread_mutex_lock(&rc->tx_lock);
+    rc->rx_parked = false;
+    rs_rc_watch_update_locked(rc);
+    pthread_mutex_unlock(&rc->tx_lock);
+}
+
+void rs_rc_rx_event(struct rs_rc_qp *rc)
+{
+    /*
+     * A thread blocked on the receive CQ watches this socket too (rs_soft_cq_wait_begin) and was woken by the same
+     * bytes: receiving them here as well would only race it, and the completion would then wake it (and whoever
+     * else watches the CQ fd) a second time. The socket is level-triggered, so stop watching it for a while rather
+     * than return and be woken again at once. Same when an application thread is receiving right now.
+     */
+    bool rts = rs_rc_conn(rc) == RS_RC_RTS;
+    if (rts && rs_soft_cq_has_blocked_waiter(rc->qp->recv_cq)) {
+        park(rc);
+        return;
+    }
+    if (pthread_mutex_trylock(&rc->rx_lock) != 0) {
+        if (rts) {
+            park(rc);
+            return;
+        }
+        pthread_mutex_lock(&rc->rx_lock);
+    }
+    rx_run_locked(rc);
+    pthread_mutex_unlock(&rc->rx_lock);
+}
+
+static __thread bool tls_rx_inline;
+
+bool rs_rc_rx_inline_here(void)
+{
+    return tls_rx_inline;
+}
+
+bool rs_rc_rx_inline(struct rs_rc_qp *rc, bool *drained)
+{
+    *drained = true;
+    if (rs_rc_conn(rc) != RS_RC_RTS || __atomic_load_n(&rc->rx_eof, __ATOMIC_ACQUIRE))
+        return false;
+    bool ran = false;
+    pthread_mutex_lock(&rc->rx_lock);
+    if (rc->fd >= 0 && !rc->rx_stop && !rc->rx_end_pending && !rc->peer_fin && rs_rc_conn(rc) == RS_RC_RTS) {
+        rc->rx_inline = true;
+        tls_rx_inline = true;
+        rx_run_locked(rc);
+        tls_rx_inline = false;
+        rc->rx_inline = false;
+        ran = true;
+        *drained = rc->rx.drained;
+    }
+    pthread_mutex_unlock(&rc->rx_lock);
+    return ran;
 }
 
 bool rs_rc_rx_discard(struct rs_rc_qp *rc)
 {
+    rc->rx.short_read = false;      /* read until EAGAIN or EOF: only EOF ends the draining */
     for (int i = 0; i < 64; i++) {
         struct iovec iov = { rc->rx.scratch, sizeof(rc->rx.scratch) };
         ssize_t r = rx_readv(rc, &iov, 1);

@@ -47,7 +47,7 @@ bool rs_rc_tx_idle_locked(const struct rs_rc_qp *rc)
 
 bool rs_rc_tx_quiescent_locked(struct rs_rc_qp *rc)
 {
-    return rs_rc_tx_idle_locked(rc) && !rc->tx.cur && rc->irq_head == rc->irq_tail;
+    return rs_rc_tx_idle_locked(rc) && !rc->tx.cur && !rs_rc_irq_pending(rc);
 }
 
 int rs_rc_tx_queue_raw(struct rs_rc_qp *rc, const uint8_t *bytes, size_t len)
@@ -240,7 +240,7 @@ static bool start_next_wqe(struct rs_rc_qp *rc)
 {
     struct rs_rc_tx *tx = &rc->tx;
     struct rs_soft_qp *qp = rc->qp;
-    if (rc->disconnect_requested || rc->peer_fin)
+    if (rc->disconnect_requested || __atomic_load_n(&rc->peer_fin, __ATOMIC_ACQUIRE))
         return false;                       /* closing: what was not started is flushed */
     pthread_mutex_lock(&qp->sq_lock);
     struct rs_soft_send_wqe *wqe = rs_soft_sq_next(qp);
@@ -412,7 +412,7 @@ static bool build_sq_fpdu(struct rs_rc_qp *rc)
 static bool build_response_fpdu(struct rs_rc_qp *rc)
 {
     struct rs_rc_tx *tx = &rc->tx;
-    if (rc->irq_head == rc->irq_tail || !batch_has_room(tx, 1))
+    if (!rs_rc_irq_pending(rc) || !batch_has_room(tx, 1))
         return false;
     struct rs_rc_irq_entry *e = &rc->irq[rc->irq_head % rc->irq_cap];
     size_t hl = RS_DDP_TAGGED_HDR_LEN;
@@ -470,7 +470,7 @@ static bool tx_build(struct rs_rc_qp *rc, bool from_loop)
     struct rs_rc_tx *tx = &rc->tx;
     batch_reset(tx);
     while (!rc->tx_stopped && tx->fpdu_n < RS_RC_TX_BATCH_FPDUS) {
-        bool responses = from_loop && rc->irq_head != rc->irq_tail;
+        bool responses = from_loop && rs_rc_irq_pending(rc);
         bool built = false;
         /* Alternate between the two sources so neither a long Read Response nor a long SEND starves the other. */
         if (responses && tx->alternate) {
@@ -551,7 +551,8 @@ bool rs_rc_tx_run(struct rs_rc_qp *rc, bool from_loop)
     bool failed = rc->tx_failed && !rc->tx_fail_reported;
     if (failed)
         rc->tx_fail_reported = true;
-    bool closing = !from_loop && !want_write && rs_rc_conn(rc) == RS_RC_CLOSING && !rc->fin_sent;
+    bool closing = !from_loop && !want_write && rs_rc_conn(rc) == RS_RC_CLOSING &&
+                   !__atomic_load_n(&rc->fin_sent, __ATOMIC_ACQUIRE);
     pthread_mutex_unlock(&rc->tx_lock);
     if (failed)
         rs_rc_tx_failed(rc);

@@ -16,6 +16,13 @@
  *       ends (additive; measured by tools/perf: RC SEND 64 KiB streams use ~10% less CPU, see docs/perf.md).
  *   v5  UD QPs may adopt the application's socket (rs_soft_ud_adopt_fd and friends, rnic.h): raw hand-back, per-QP
  *       counters, Write-Record completions added before the MR read lock is released (additive; src/dgram_wr).
+ *   v6  consumer progress (additive): rs_soft_cq_wait_begin/_end let a blocking thread wait on the sockets of the
+ *       RC QPs that receive into a CQ, and rs_soft_poll_cq inside that bracket receives on them inline
+ *       (rs_soft_rc_ops.rx_inline); cq->blocked_waiters tells the progress thread to leave those sockets alone. A
+ *       completion the polling thread produced and took itself does not fire the CQ's notification; on a CQ with
+ *       brackets, an application thread's own successful completions notify late (RS_SOFT_LATE_NOTIFY_US). RC QPs
+ *       leave their CQs before the RC half is destroyed. The RC receive state is no longer the progress thread's
+ *       alone: see rc.h (rx_lock).
  *
  * ---- Objects ----------------------------------------------------------------------------------------------
  * Every object starts with its rnic.h base struct (provider.h) so a public pointer casts to the soft one:
@@ -34,9 +41,14 @@
  * device, the receive paths need no locks against each other, only against the application threads that post
  * and poll. Application threads call rnic.h; sends are transmitted on the posting thread while the socket accepts
  * them (no thread hop on the fast path) and the progress thread finishes what the socket refused (EAGAIN).
+ * The one exception (v6): an application thread blocked on a CQ (a wait bracket, rs_soft_cq_wait_begin) watches
+ * the sockets of the RC QPs whose receive CQ it is, and its polls receive on them itself (consumer progress,
+ * docs/rnic-rc.md): a message then costs one wake-up, the waiter's, instead of two (progress thread, then waiter).
+ * The RC half serialises that with a per-QP rx_lock.
  *
  * ---- Lock order (never take a lock to the left while holding one to its right) ---------------------------
- *   cq->attach_lock  ->  qp->sq_lock  ->  UD rx lock  ->  device MR rwlock (read)  ->  rq->lock  ->  cq->lock
+ *   cq->attach_lock  ->  RC rx_lock (rc.h)  ->  RC tx_lock  ->  qp->sq_lock  ->  UD rx lock
+ *                    ->  device MR rwlock (read)  ->  rq->lock  ->  cq->lock
  *   cm->lock is a leaf. The device lock (dev->lock) is a leaf.
  *   Never call rs_soft_progress_call_sync / rs_soft_watch_del / rs_soft_timer_free while holding any of these
  *   locks from an application thread: the loop thread may be waiting for the same lock.
@@ -277,6 +289,16 @@ struct rs_soft_cq {
     struct rs_soft_qp **attached;
     uint32_t attached_count, attached_capacity;
     uint64_t next_deadline_ns;              /* earliest timeout among attached QPs (atomic; 0 = none) */
+    uint32_t blocked_waiters;               /* threads between rs_soft_cq_wait_begin and _end (atomic) */
+    bool inline_pushed;                     /* lock: completions added by a polling thread's own progress */
+    /* Late notification of completions an application thread added (see rs_soft_cq_push), from the first wait
+     * bracket on (lock): */
+    bool consumer_waits;                    /* a wait bracket was used on this CQ */
+    bool notify_pending;                    /* the arm was due to fire; it fires when the delay expires unless a
+                                             * poll empties the ring first */
+    bool delay_armed;                       /* delay_fd is running */
+    int delay_fd;                           /* timerfd watched by the progress thread (-1 until needed) */
+    struct rs_soft_watch *delay_watch;
 };
 static inline struct rs_soft_cq *rs_soft_cq(struct rs_rnic_cq *c) { return (struct rs_soft_cq *)c; }
 
@@ -284,7 +306,13 @@ static inline struct rs_soft_cq *rs_soft_cq(struct rs_rnic_cq *c) { return (stru
  * Adds a completion (any thread; cq->lock taken inside). Returns 0, or -EOVERFLOW when the CQ was full: the
  * completion is lost, the CQ is in error from now on and every attached QP is moved to ERROR (asynchronously,
  * on the progress thread).
+ * On a CQ that wait brackets are used on (consumer progress), a successful completion an application thread adds
+ * (e.g. a SEND handed to TCP while it is posted) fires the armed notification RS_SOFT_LATE_NOTIFY_US late, and not
+ * at all if a poll empties the CQ before: the poster almost always polls right after, and the notification would
+ * only wake whoever else watches the CQ fd (SDP's progress thread) to find the CQ empty, and make it fight the
+ * poster for its socket's lock. A waiter never sleeps on such a completion: rs_soft_cq_wait_begin fires it.
  */
+#define RS_SOFT_LATE_NOTIFY_US 1000u
 int rs_soft_cq_push(struct rs_soft_cq *cq, const struct rs_rnic_wc *wc);
 /*
  * The progress thread brackets each socket callback with these. A CQ whose armed notification fires meanwhile gets
@@ -299,6 +327,14 @@ int rs_soft_cq_attach(struct rs_soft_cq *cq, struct rs_soft_qp *qp);
 void rs_soft_cq_detach(struct rs_soft_cq *cq, struct rs_soft_qp *qp);
 /* Lowers cq->next_deadline_ns to deadline if earlier (a QP attached to cq has a timeout pending then). */
 void rs_soft_cq_note_deadline(struct rs_soft_cq *cq, uint64_t deadline_ns);
+/* rnic.h's rs_rnic_cq_wait_begin/_end: the sockets of the attached RC QPs that receive into cq, and the count the
+ * RC half reads (rs_soft_cq_has_blocked_waiter) to leave those sockets to the waiters. */
+int rs_soft_cq_wait_begin(struct rs_rnic_cq *cq, int *fds, int max);
+void rs_soft_cq_wait_end(struct rs_rnic_cq *cq);
+static inline bool rs_soft_cq_has_blocked_waiter(const struct rs_soft_cq *cq)
+{
+    return __atomic_load_n(&cq->blocked_waiters, __ATOMIC_ACQUIRE) != 0;
+}
 
 /* ---- receive queues and SRQs (soft_srq.c) ---------------------------------------------------------------- */
 
@@ -534,6 +570,12 @@ void rs_soft_timer_free(struct rs_soft_timer *t);
  *                  the progress engine (the loop thread may be waiting for the same attach_lock).
  *   listen .. disconnect, request_discard: as in rnic.h / provider.h, application thread.
  *   request_discard optional: a CONNECT_REQUEST event dropped unread with its channel; free the request.
+ *   rx_inline      optional; an application thread polling qp's receive CQ (attach_lock held, so qp stays
+ *                  attached and alive): receive what the socket holds, on this thread, without ever waiting for
+ *                  the progress thread. Returns true if the call may have added completions; *drained
+ *                  false when bytes were left (its budget ran out).
+ *   wait_fd        optional; like rx_inline's context: the fd a thread about to block on qp's receive CQ should
+ *                  watch for readability (then poll the CQ), or -1 when the progress thread must handle it.
  */
 struct rs_soft_rc_ops {
     int (*qp_create)(struct rs_soft_qp *qp);
@@ -556,6 +598,8 @@ struct rs_soft_rc_ops {
     int (*disconnect)(struct rs_soft_qp *qp);
     int (*local_addr)(const struct rs_soft_qp *qp, struct sockaddr_storage *out);
     void (*request_discard)(struct rs_rnic_conn_request *request);
+    bool (*rx_inline)(struct rs_soft_qp *qp, bool *drained);
+    int (*wait_fd)(struct rs_soft_qp *qp);
 };
 extern const struct rs_soft_rc_ops rs_soft_rc_ops;
 

@@ -232,6 +232,14 @@ fail_sq:
 int rs_soft_destroy_qp(struct rs_rnic_qp *pqp)
 {
     struct rs_soft_qp *qp = rs_soft_qp(pqp);
+    /* An RC QP leaves its CQs first: a thread polling them receives inline on its socket (consumer progress), and
+     * that must be over before the RC half goes. It has no lazy timeouts, and an overflow cannot matter any more. */
+    bool detached = qp->type == RS_QPT_RC;
+    if (detached) {
+        if (qp->recv_cq != qp->send_cq)
+            rs_soft_cq_detach(qp->recv_cq, qp);
+        rs_soft_cq_detach(qp->send_cq, qp);
+    }
     /* The half stops its sockets and watches first, so nothing touches the queues while they are flushed. */
     if (qp->type == RS_QPT_UD)
         rs_soft_ud_qp_destroy(qp);
@@ -241,9 +249,11 @@ int rs_soft_destroy_qp(struct rs_rnic_qp *pqp)
     rs_soft_sq_flush(qp);
     rs_soft_rq_flush(qp);
     /* After detaching, no overflow handler or lazy timeout run can reach this QP. */
-    if (qp->recv_cq != qp->send_cq)
-        rs_soft_cq_detach(qp->recv_cq, qp);
-    rs_soft_cq_detach(qp->send_cq, qp);
+    if (!detached) {
+        if (qp->recv_cq != qp->send_cq)
+            rs_soft_cq_detach(qp->recv_cq, qp);
+        rs_soft_cq_detach(qp->send_cq, qp);
+    }
     if (qp->srq)
         __atomic_sub_fetch(&qp->srq->users, 1, __ATOMIC_ACQ_REL);
     else
