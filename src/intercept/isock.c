@@ -15,10 +15,11 @@
  * then decides per peer.
  *
  * Fork: RNIC state (QPs, the progress thread) stays with the process that created it. In the child, inherited SDP
- * connections answer EBADF (the SDP layer's epoch check); listeners go dormant in BOTH processes: the parent
- * closes its SDP listener, and whichever process next waits on or accepts from the listener creates a new one
- * (several prefork children each get one; the soft RNIC spreads connections with SO_REUSEPORT). A pre-forking
- * parent that never accepts thus never holds RDMA connections nobody will serve.
+ * connections answer EBADF (the SDP layer's epoch check); listeners go dormant in the child, and whichever process
+ * next waits on or accepts from the listener creates a new one. On the soft RNIC the parent's goes dormant too (its
+ * kernel listening socket is parked and shared by the family). On verbs, where an rdma_cm listener cannot be
+ * shared, the parent keeps its listener and dispatches each connection to a child that waits (sdp_family.c): the
+ * children listen on ports of their own, and a pre-forking parent that never accepts holds no connection.
  */
 #include <fcntl.h>
 #include <stdlib.h>
@@ -651,9 +652,10 @@ static int accept_once(struct rs_isock *s, int fd, struct sockaddr *addr, sockle
         socklen_t plen = sizeof(peer);
         int r = rs_sdp_accept(sdp, (flags & SOCK_NONBLOCK) ? RS_SDP_NONBLOCK : 0, &ns, (struct sockaddr *)&peer,
                               &plen);
-        rs_sdp_release(sdp);
         if (r != 0)
             RS_REAL(close)(placeholder);
+        if (r != -EAGAIN)
+            rs_sdp_release(sdp);
         if (r == 0) {
             int nfd = install_accepted(s, placeholder, ns, &peer, plen);
             if (nfd >= 0 && addr && len) {
@@ -668,14 +670,21 @@ static int accept_once(struct rs_isock *s, int fd, struct sockaddr *addr, sockle
         if (r != -EAGAIN)
             return r;
     }
+    int nfd = -EAGAIN;
     if (kernel) {
         struct pollfd p = { .fd = fd, .events = POLLIN };
-        if (sdp && RS_REAL(poll)(&p, 1, 0) <= 0)
-            return -EAGAIN;
-        int nfd = RS_REAL(accept4)(fd, addr, len, flags);
-        return nfd >= 0 ? nfd : -errno;
+        if (!sdp || RS_REAL(poll)(&p, 1, 0) > 0) {
+            nfd = RS_REAL(accept4)(fd, addr, len, flags);
+            if (nfd < 0)
+                nfd = -errno;
+        }
+        /* Busy with a kernel client: a prefork family's dispatcher sends RDMA clients to processes that wait. */
+        if (nfd >= 0 && sdp)
+            rs_sdp_note_busy(sdp);
     }
-    return -EAGAIN;
+    if (sdp)
+        rs_sdp_release(sdp);
+    return nfd;
 }
 
 int rs_isock_accept(struct rs_isock *s, int fd, struct sockaddr *addr, socklen_t *len, int flags)
@@ -1006,6 +1015,11 @@ static void fork_visit(int fd, struct rs_fd_obj *obj, void *arg)
         if (child) {
             s->sdp = NULL;      /* the parent's; its memory is the parent's copy, never used here */
             bump_generation(s);
+        } else if (rs_sdp_dispatching(s->sdp)) {
+            /* Verbs: this process keeps the port's one rdma_cm listener and hands connections to the processes
+             * of the family that wait (sdp_family.c); it does not go dormant. */
+            pthread_mutex_unlock(&s->lock);
+            return;
         } else {
             /* Parked, not closed: where the RNIC can share it (soft), clients connecting before some process of
              * the family listens again wait in its backlog instead of being refused. */
@@ -1020,7 +1034,30 @@ static void fork_visit(int fd, struct rs_fd_obj *obj, void *arg)
     pthread_mutex_unlock(&s->lock);
 }
 
-void rs_isock_fork_prepare(void) {}
+/* Before the fork: a listener the RNIC cannot share across processes (verbs) becomes its family's dispatcher, with
+ * a table the children inherit (sdp_family.c); it stays open in the parent. */
+static void fork_prepare_visit(int fd, struct rs_fd_obj *obj, void *arg)
+{
+    (void)fd;
+    (void)arg;
+    if (obj->type != RS_FD_SOCK)
+        return;
+    struct rs_isock *s = (struct rs_isock *)obj;
+    pthread_mutex_lock(&s->lock);
+    if (s->path == RS_IPATH_LISTEN && s->sdp && s->owner == getpid()) {
+        int r = rs_sdp_dispatch_enable(s->sdp, false);
+        if (r != 0 && r != -EOPNOTSUPP)
+            RS_LOG_ONCE(RS_LOG_WARN, "fd %d: RDMA listener cannot dispatch for forked processes (%s)", fd,
+                        strerror(-r));
+    }
+    pthread_mutex_unlock(&s->lock);
+}
+
+void rs_isock_fork_prepare(void)
+{
+    if (rs_fd_any(RS_FD_SOCK))
+        rs_fd_for_each(fork_prepare_visit, NULL);
+}
 
 void rs_isock_fork_parent(void)
 {

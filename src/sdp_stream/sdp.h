@@ -104,6 +104,18 @@ int rs_sdp_close(struct rs_sdp_sock *s);
 /* rs_sdp_close for a listener that goes dormant at fork: its RNIC endpoint is parked where the RNIC can share it
  * with the other processes (rs_rnic_listener_park), so connections wait for whichever process listens next. */
 int rs_sdp_close_parked(struct rs_sdp_sock *s);
+/*
+ * Prefork families (sdp_family.c). Called on a listener just before the process forks: where the RNIC cannot share
+ * its listening endpoint with other processes (verbs), the listener becomes the family's dispatcher and must stay
+ * open in this process (rs_sdp_dispatching says so after the fork); its descendants that listen on the same address
+ * then join the family instead of competing for the port, and the dispatcher redirects each connection to one of
+ * them that waits. force: on any RNIC (tests). 0, -EOPNOTSUPP (the RNIC shares: park instead), or an error.
+ */
+int rs_sdp_dispatch_enable(struct rs_sdp_sock *s, bool force);
+bool rs_sdp_dispatching(struct rs_sdp_sock *s);
+/* The application took a connection from elsewhere (the kernel side of a `both` listener): the family's dispatcher
+ * stops counting this process as one that waits. */
+void rs_sdp_note_busy(struct rs_sdp_sock *s);
 /* The process ends without exit() (_exit, _Exit): connections the program closed are still delivering what was
  * written; give them the time exit() gives them, as the kernel delivers a closed TCP socket's data after the process
  * is gone. */

@@ -31,12 +31,36 @@ static uint16_t addr_port(const struct sockaddr_storage *ss)
     return 0;
 }
 
+static void set_port(struct sockaddr_storage *ss, uint16_t port)
+{
+    if (ss->ss_family == AF_INET)
+        ((struct sockaddr_in *)ss)->sin_port = htons(port);
+    else if (ss->ss_family == AF_INET6)
+        ((struct sockaddr_in6 *)ss)->sin6_port = htons(port);
+}
+
 static uint32_t clamp_u32(uint64_t v, uint32_t lo, uint32_t hi)
 {
     return v < lo ? lo : v > hi ? hi : (uint32_t)v;
 }
 
 /* ---- rings and RNIC objects ---- */
+
+/* A fresh QP on the socket's CQ with every receive buffer posted. */
+static int create_qp_posted(struct rs_sdp_sock *s)
+{
+    struct rs_rnic_qp_attr attr = {
+        .type = RS_QPT_RC, .send_cq = s->cq, .recv_cq = s->cq, .max_send_wr = s->sq_depth, .max_recv_wr = s->nbufs,
+        .max_send_sge = 3, .max_recv_sge = 1, .max_inline = 0, .sq_sig_all = true, .context = s,
+    };
+    int r = rs_rnic_create_qp(s->dev->pd, &attr, &s->qp);
+    if (r != 0)
+        return r;
+    s->rx_posted = 0;
+    for (uint32_t i = 0; i < s->nbufs; i++)
+        rs_sdp_post_recv_buf(s, i);
+    return s->rx_posted == s->nbufs ? 0 : -ENOMEM;
+}
 
 int rs_sdp_setup_rings(struct rs_sdp_sock *s)
 {
@@ -83,19 +107,10 @@ int rs_sdp_setup_rings(struct rs_sdp_sock *s)
         r = rs_rnic_create_cq(s->dev->rnic, s->cq_depth, &s->cq);
     if (r == 0 && !s->cm)
         r = rs_rnic_cm_create(s->dev->rnic, &s->cm);
+    if (r == 0)
+        r = create_qp_posted(s);
     if (r != 0)
         return r;
-    struct rs_rnic_qp_attr attr = {
-        .type = RS_QPT_RC, .send_cq = s->cq, .recv_cq = s->cq, .max_send_wr = sq, .max_recv_wr = nbufs,
-        .max_send_sge = 3, .max_recv_sge = 1, .max_inline = 0, .sq_sig_all = true, .context = s,
-    };
-    r = rs_rnic_create_qp(pd, &attr, &s->qp);
-    if (r != 0)
-        return r;
-    for (uint32_t i = 0; i < nbufs; i++)
-        rs_sdp_post_recv_buf(s, i);
-    if (s->rx_posted != nbufs)
-        return -ENOMEM;
     rs_rnic_cq_arm(s->cq, false);
     s->stats.rx_bufs = nbufs;
     s->stats.rx_buf_size = rbuf;
@@ -245,11 +260,31 @@ int rs_sdp_listen(struct rs_sdp_sock *s, int backlog)
     r = rs_sdp_dev_get(s->kind_wanted, (const struct sockaddr *)&s->local, &s->dev);
     if (r == 0)
         r = rs_rnic_cm_create(s->dev->rnic, &s->cm);
-    if (r == 0)
+    /* A descendant of a family's holder listens on a port of its own and tells the holder (sdp_family.c). */
+    struct sdp_family *fam = r == 0 && addr_port(&s->local) ? rs_sdp_family_find(&s->local) : NULL;
+    if (fam) {
+        struct sockaddr_storage own = s->local, got;
+        set_port(&own, 0);
+        r = rs_rnic_listen(s->cm, (const struct sockaddr *)&own, addr_len(&own), backlog > 0 ? backlog : 1,
+                           &s->listener);
+        if (r == 0)
+            r = rs_rnic_listener_addr(s->listener, &got);
+        int slot = r == 0 ? rs_sdp_family_join(fam, addr_port(&got)) : -1;
+        if (r == 0 && slot < 0)
+            r = slot;
+        if (r == 0) {
+            s->fam = fam;
+            s->fam_slot = slot;
+            s->public_port = addr_port(&s->local);
+            RS_DEBUG("sdp: listener on port %u joins its family as member %d on port %u", s->public_port, slot,
+                     addr_port(&got));
+        }
+    } else if (r == 0) {
         r = rs_rnic_listen(s->cm, (const struct sockaddr *)&s->local, addr_len(&s->local),
                            backlog > 0 ? backlog : 1, &s->listener);
-    if (r == 0)
-        r = rs_rnic_listener_addr(s->listener, &s->local);
+        if (r == 0)
+            r = rs_rnic_listener_addr(s->listener, &s->local);
+    }
     if (r != 0) {
         if (s->listener) {
             rs_rnic_listener_close(s->listener);
@@ -291,16 +326,16 @@ static void child_inherit(struct rs_sdp_sock *c, const struct rs_sdp_sock *l)
     c->zcopy_opt = l->zcopy_opt;
     c->zcopy_adaptive = l->zcopy_adaptive;
     c->local = l->local;
+    c->public_port = l->public_port;
     c->bound = true;
 }
 
-/* Listener lock held. Consumes the request (accepted or rejected). */
-static void on_connect_request(struct rs_sdp_sock *l, struct rs_rnic_cm_event *ev)
+/* Listener lock held. Consumes the request (accepted or rejected); its Hello was checked. */
+static void accept_request(struct rs_sdp_sock *l, struct rs_rnic_cm_event *ev)
 {
     struct rs_sdp_hello hello;
     int r = rs_sdp_hello_decode(ev->private_data, ev->private_data_len, &hello);
     if (r != 0) {
-        RS_DEBUG("sdp: refusing a connection whose Hello is unusable (%d)", r);
         rs_rnic_reject(ev->request, NULL, 0);
         return;
     }
@@ -350,6 +385,187 @@ static void on_connect_request(struct rs_sdp_sock *l, struct rs_rnic_cm_event *e
         pthread_mutex_unlock(&c->lock);
         rs_sdp_put(c);      /* the listener's ownership; the watchers' reference frees it */
     }
+}
+
+/* ---- the family's dispatcher (sdp_family.c) ---- */
+
+/* Does the holder's own application wait for a connection? It does while a thread is in accept, or while it has
+ * the listener in a poll set (an event loop that accepts when told). */
+static bool holder_waits(struct rs_sdp_sock *l)
+{
+    return l->interest_count[0] > 0 || rs_sdp_family_state(l->fam, l->fam_slot) == RS_SDP_MEMBER_WAITING;
+}
+
+static void redirect_request(struct rs_sdp_sock *l, struct rs_rnic_cm_event *ev, uint16_t port)
+{
+    uint8_t pd[RS_SDP_REDIRECT_LEN];
+    size_t n = rs_sdp_redirect_encode(port, pd, sizeof(pd));
+    RS_DEBUG("sdp: port %u: connection redirected to the family member on port %u", addr_port(&l->local), port);
+    rs_rnic_reject(ev->request, pd, (uint32_t)n);
+}
+
+/* Decides where a request that arrived at `since` goes now. True when it was consumed (redirected); false: the
+ * holder's application waits (accept it here), or nobody takes it yet (hold it). */
+static bool dispatch_now(struct rs_sdp_sock *l, struct rs_rnic_cm_event *ev, uint64_t now, uint64_t since)
+{
+    if (holder_waits(l))
+        return false;
+    uint16_t port;
+    /* Only a member that waits in accept gets one: a connection queued to a busy member waits behind whatever
+     * keeps it busy (a client that never writes), and is reset if the member exits without coming back to accept
+     * (Apache retires idle children so: the one that accepts the parent's wake-up connection exits after it). */
+    if (rs_sdp_family_pick(l->fam, RS_SDP_PICK_WAITING, now, &port) >= 0) {
+        redirect_request(l, ev, port);
+        return true;
+    }
+    if (now >= since + SDP_DISPATCH_HOLD_MS && rs_sdp_family_pick(l->fam, RS_SDP_PICK_ANY, now, &port) >= 0) {
+        redirect_request(l, ev, port);
+        return true;
+    }
+    return false;
+}
+
+/* Listener lock held, progress thread: what becomes of the held requests now. */
+static void dispatch_held(struct rs_sdp_sock *l, uint64_t now)
+{
+    uint32_t kept = 0;
+    for (uint32_t i = 0; i < l->n_held; i++) {
+        struct sdp_held *h = &l->held[i];
+        if (l->app_closed || l->state != SDP_ST_LISTEN) {
+            rs_rnic_reject(h->ev.request, NULL, 0);
+            continue;
+        }
+        if (dispatch_now(l, &h->ev, now, h->since_ms))
+            continue;
+        /* The holder's application waits, or nobody else is there to take it (a member would have had it by
+         * now: round-robin after SDP_DISPATCH_HOLD_MS). */
+        if (holder_waits(l) || now >= h->since_ms + SDP_DISPATCH_HOLD_EMPTY_MS) {
+            accept_request(l, &h->ev);
+            continue;
+        }
+        if (kept != i)
+            l->held[kept] = *h;
+        kept++;
+    }
+    l->n_held = kept;
+}
+
+/* Listener lock held. Consumes the request (accepted, redirected, held or rejected). */
+static void on_connect_request(struct rs_sdp_sock *l, struct rs_rnic_cm_event *ev)
+{
+    struct rs_sdp_hello hello;
+    int r = rs_sdp_hello_decode(ev->private_data, ev->private_data_len, &hello);
+    if (r != 0) {
+        RS_DEBUG("sdp: refusing a connection whose Hello is unusable (%d)", r);
+        rs_rnic_reject(ev->request, NULL, 0);
+        return;
+    }
+    if (l->fam && l->fam_holder && !l->app_closed && l->state == SDP_ST_LISTEN) {
+        uint64_t now = rs_sdp_now_ms();
+        /* Older requests go first. */
+        if (l->n_held > 0)
+            dispatch_held(l, now);
+        if (l->n_held == 0 && dispatch_now(l, ev, now, now))
+            return;
+        if (!holder_waits(l)) {
+            if (!l->held)
+                l->held = calloc(SDP_DISPATCH_MAX_HELD, sizeof(*l->held));
+            if (l->held && l->n_held < SDP_DISPATCH_MAX_HELD) {
+                l->held[l->n_held].ev = *ev;
+                l->held[l->n_held].since_ms = now;
+                l->n_held++;
+                return;
+            }
+            uint16_t port;
+            if (rs_sdp_family_pick(l->fam, RS_SDP_PICK_ANY, now, &port) >= 0) {
+                redirect_request(l, ev, port);
+                return;
+            }
+        }
+    }
+    accept_request(l, ev);
+}
+
+/* Listener lock held: the family is left (member) or ended (holder); held requests are refused. */
+static void family_leave(struct rs_sdp_sock *s)
+{
+    for (uint32_t i = 0; i < s->n_held; i++)
+        rs_rnic_reject(s->held[i].ev.request, NULL, 0);
+    s->n_held = 0;
+    free(s->held);
+    s->held = NULL;
+    if (s->fam) {
+        rs_sdp_family_leave(s->fam, s->fam_slot, s->fam_holder);
+        s->fam = NULL;
+        s->fam_holder = false;
+    }
+}
+
+/* Listener lock held, a member whose holder is gone (a daemon that forked after listen and let its parent exit):
+ * nobody listens on the public port any more, so this process takes it, as it would have without the family. */
+static void member_promote(struct rs_sdp_sock *s)
+{
+    struct rs_rnic_listener *nl = NULL;
+    int r = rs_rnic_listen(s->cm, (const struct sockaddr *)&s->local, addr_len(&s->local),
+                           s->backlog > 0 ? s->backlog : 1, &nl);
+    if (r != 0) {
+        RS_DEBUG("sdp: port %u: holder gone, port not taken over yet (%d)", s->public_port, r);
+        return;     /* its rdma_cm listener may not be released yet: the next check tries again */
+    }
+    RS_INFO("sdp: port %u: the process that dispatched it is gone; this one listens on it now", s->public_port);
+    if (s->listener)
+        rs_rnic_listener_close(s->listener);
+    s->listener = nl;
+    rs_sdp_family_leave(s->fam, s->fam_slot, false);
+    s->fam = NULL;
+    s->public_port = 0;
+}
+
+int rs_sdp_dispatch_enable(struct rs_sdp_sock *s, bool force)
+{
+    int r = rs_sdp_check_epoch(s);
+    if (r != 0)
+        return r;
+    pthread_mutex_lock(&s->lock);
+    if (s->state != SDP_ST_LISTEN || s->app_closed || !s->dev)
+        r = -EINVAL;
+    else if (s->fam)
+        r = s->fam_holder ? 0 : -EOPNOTSUPP;    /* a member's own children join the same family */
+    else if (!force && s->dev->caps->kind != RS_RNIC_KIND_VERBS)
+        r = -EOPNOTSUPP;    /* the soft RNIC shares its listening TCP socket: parking serves the family */
+    else {
+        int slot = 0;
+        s->fam = rs_sdp_family_create(&s->local, &slot);
+        if (!s->fam) {
+            r = -ENOMEM;
+        } else {
+            s->fam_slot = slot;
+            s->fam_holder = true;
+            RS_DEBUG("sdp: listener on port %u dispatches for its family", addr_port(&s->local));
+        }
+    }
+    pthread_mutex_unlock(&s->lock);
+    return r;
+}
+
+bool rs_sdp_dispatching(struct rs_sdp_sock *s)
+{
+    if (rs_sdp_check_epoch(s) != 0)
+        return false;
+    pthread_mutex_lock(&s->lock);
+    bool on = s->fam && s->fam_holder && s->state == SDP_ST_LISTEN && !s->app_closed;
+    pthread_mutex_unlock(&s->lock);
+    return on;
+}
+
+void rs_sdp_note_busy(struct rs_sdp_sock *s)
+{
+    if (rs_sdp_check_epoch(s) != 0)
+        return;
+    pthread_mutex_lock(&s->lock);
+    if (s->fam)
+        rs_sdp_family_set_state(s->fam, s->fam_slot, RS_SDP_MEMBER_BUSY, rs_sdp_now_ms());
+    pthread_mutex_unlock(&s->lock);
 }
 
 /* Child lock held: the connection is established, hand it to the listener's accept queue. Lock order child →
@@ -414,8 +630,17 @@ int rs_sdp_accept(struct rs_sdp_sock *s, unsigned flags, struct rs_sdp_sock **ou
             if (!s->acceptq_head)
                 s->acceptq_tail = NULL;
             s->children--;
+            if (s->fam)
+                rs_sdp_family_set_state(s->fam, s->fam_slot, RS_SDP_MEMBER_BUSY, rs_sdp_now_ms());
             r = 0;
             break;
+        }
+        if (s->fam && s->children == 0) {
+            /* Nothing here and nothing on its way: the family's dispatcher may send this process the next one.
+             * The holder looks at its held requests again at once. */
+            rs_sdp_family_set_state(s->fam, s->fam_slot, RS_SDP_MEMBER_WAITING, rs_sdp_now_ms());
+            if (s->fam_holder && s->n_held > 0 && s->pw)
+                rs_sdp_progress_retime(s, rs_sdp_now_ms());
         }
         if (s->nonblock) {
             r = -EAGAIN;
@@ -494,6 +719,8 @@ int rs_sdp_connect(struct rs_sdp_sock *s, const struct sockaddr *dst, socklen_t 
     memset(&s->peer, 0, sizeof(s->peer));
     memcpy(&s->peer, dst, len < sizeof(s->peer) ? len : sizeof(s->peer));
     s->peer_valid = true;
+    s->dial = s->peer;
+    s->redirects = 0;
     struct rs_sdp_hello hello;
     hello_fill(s, &hello);
     uint8_t pd[RS_SDP_HELLO_LEN];
@@ -545,6 +772,55 @@ out:
 
 static void process_cq(struct rs_sdp_sock *s);
 
+/* Lock held, CONNECTING, the attempt failed: tries again at the same address on port (a family member the
+ * listener's dispatcher named, or back to the port the application named). The application sees one connect; the
+ * peer address stays the one it gave. 0: the new attempt is under way. */
+static int connect_again(struct rs_sdp_sock *s, uint16_t port)
+{
+    if (s->redirects >= SDP_REDIRECT_MAX_HOPS || s->app_closed)
+        return -ELOOP;
+    s->redirects++;
+    set_port(&s->dial, port);
+    /* The QP may be reused where the failed attempt left it in INIT (verbs); otherwise (the soft RNIC puts it in
+     * ERROR) a fresh one takes its place on the same CQ. The old one's flushed receives are told apart by their QP. */
+    if (rs_rnic_qp_state(s->qp) != RS_QPS_INIT) {
+        struct rs_rnic_qp *old = s->qp;
+        s->qp = NULL;
+        int r = create_qp_posted(s);
+        rs_rnic_destroy_qp(old);
+        if (r != 0)
+            return r;
+        process_cq(s);
+    }
+    struct rs_sdp_hello hello;
+    hello_fill(s, &hello);
+    uint8_t pd[RS_SDP_HELLO_LEN];
+    size_t n = rs_sdp_hello_encode(&hello, pd, sizeof(pd));
+    RS_DEBUG("sdp: connect redirected to port %u (hop %u)", port, s->redirects);
+    s->last_rx_ms = rs_sdp_now_ms();
+    return rs_rnic_connect(s->qp, s->cm, (const struct sockaddr *)&s->dial, addr_len(&s->dial), pd, (uint32_t)n,
+                           SDP_CONNECT_TIMEOUT_MS);
+}
+
+/* Lock held: a CONNECTING socket's attempt failed with ev. True if it goes on elsewhere. */
+static bool follow_redirect(struct rs_sdp_sock *s, const struct rs_rnic_cm_event *ev)
+{
+    if (s->state != SDP_ST_CONNECTING)
+        return false;
+    uint16_t port = 0;
+    bool redirect = ev->type == RS_RNIC_CM_EV_REJECTED &&
+                    rs_sdp_redirect_decode(ev->private_data, ev->private_data_len, &port) == 0;
+    /* A member that went away between the redirect and our request: the dispatcher chooses again. */
+    bool retry = !redirect && s->redirects > 0 && addr_port(&s->dial) != addr_port(&s->peer) &&
+                 (ev->type == RS_RNIC_CM_EV_REJECTED || ev->type == RS_RNIC_CM_EV_UNREACHABLE);
+    if (!redirect && !retry)
+        return false;
+    int r = connect_again(s, redirect ? port : addr_port(&s->peer));
+    if (r != 0)
+        RS_DEBUG("sdp: redirect to port %u not followed (%d)", redirect ? port : addr_port(&s->peer), r);
+    return r == 0;
+}
+
 static int cm_error_to_errno(const struct rs_rnic_cm_event *ev)
 {
     switch (ev->type) {
@@ -567,6 +843,9 @@ static void learn_local_addr(struct rs_sdp_sock *s)
 {
     struct sockaddr_storage a;
     if (rs_rnic_qp_local_addr(s->qp, &a) == 0 && a.ss_family == s->family) {
+        /* A family member's connection came in on its own port; the client dialled the public one. */
+        if (s->public_port)
+            set_port(&a, s->public_port);
         s->local = a;
         s->bound = true;
     }
@@ -613,6 +892,8 @@ static void on_cm_event(struct rs_sdp_sock *s, struct rs_rnic_cm_event *ev)
     case RS_RNIC_CM_EV_REJECTED:
     case RS_RNIC_CM_EV_UNREACHABLE:
     case RS_RNIC_CM_EV_TIMEOUT:
+        if (follow_redirect(s, ev))
+            break;
         s->cm_gone = true;
         if (s->state == SDP_ST_ACCEPTING && s->parent)
             child_failed_early(s);
@@ -672,6 +953,8 @@ static void process_cq(struct rs_sdp_sock *s)
         if (n == 0)
             return;
         for (int i = 0; i < n; i++) {
+            if (wc[i].qp && wc[i].qp != s->qp)
+                continue;   /* flushed work of a QP a redirected connect replaced */
             if (wc[i].wr_id & SDP_WR_SEND)
                 rs_sdp_on_send_complete(s, &wc[i]);
             else
@@ -815,6 +1098,7 @@ int rs_sdp_shutdown(struct rs_sdp_sock *s, int how)
     if (s->state == SDP_ST_LISTEN && how != SHUT_WR) {
         /* Linux lets shutdown(SHUT_RD) stop a listener: blocked accepts return EINVAL. */
         s->state = SDP_ST_CLOSED;
+        family_leave(s);
         if (s->listener) {
             rs_rnic_listener_close(s->listener);
             s->listener = NULL;
@@ -842,6 +1126,7 @@ int rs_sdp_shutdown(struct rs_sdp_sock *s, int how)
 static void close_listener(struct rs_sdp_sock *s)
 {
     s->state = SDP_ST_CLOSED;
+    family_leave(s);
     if (s->listener) {
         if (s->park_listener)
             rs_rnic_listener_park(s->listener);
@@ -1058,6 +1343,22 @@ uint64_t rs_sdp_timers(struct rs_sdp_sock *s, uint64_t now)
                 CONSIDER(next, s->ka_probe_ms + (missed + 1) * intvl);
             }
         }
+    }
+    if (s->fam && !s->fam_holder && s->state == SDP_ST_LISTEN) {
+        if (now >= s->fam_check_ms && rs_sdp_progress_on_loop()) {
+            s->fam_check_ms = now + SDP_FAMILY_CHECK_MS;
+            if (!rs_sdp_family_holder_alive(s->fam))
+                member_promote(s);
+        }
+        if (s->fam)
+            CONSIDER(next, s->fam_check_ms ? s->fam_check_ms : now + SDP_FAMILY_CHECK_MS);
+    }
+    if (s->n_held > 0 && s->state == SDP_ST_LISTEN) {
+        /* Accepting attaches a socket to the progress thread: only that thread does it under a listener's lock. */
+        if (rs_sdp_progress_on_loop())
+            dispatch_held(s, now);
+        if (s->n_held > 0)
+            CONSIDER(next, now + SDP_DISPATCH_TICK_MS);
     }
     if (s->close_deadline && s->state != SDP_ST_CLOSED) {
         if (now >= s->close_deadline)

@@ -16,6 +16,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <sys/socket.h>
+#include <sys/types.h>
 
 #include "rnic/rnic.h"
 #include "sdp_stream/sdp.h"
@@ -47,6 +48,12 @@
 #define SDP_KA_IDLE_DEFAULT 7200
 #define SDP_KA_INTVL_DEFAULT 75
 #define SDP_KA_CNT_DEFAULT 9
+#define SDP_REDIRECT_MAX_HOPS 3                 /* a connect follows at most this many redirects (sdp_family.c) */
+#define SDP_DISPATCH_HOLD_MS 2000u              /* a request no member waits for is held this long, then dealt out */
+#define SDP_DISPATCH_HOLD_EMPTY_MS 3000u        /* ... or this long while the family has no member at all */
+#define SDP_DISPATCH_TICK_MS 2u                 /* how often held requests look at the table again */
+#define SDP_DISPATCH_MAX_HELD 64u
+#define SDP_FAMILY_CHECK_MS 1000u               /* a member looks this often whether its holder still lives */
 
 enum sdp_state {
     SDP_ST_IDLE,            /* created, maybe bound */
@@ -280,6 +287,17 @@ struct rs_sdp_sock {
 
     struct rs_sdp_stats stats;
     void *pw;                       /* progress watchers (sdp_progress.c) */
+    /* prefork family (sdp_family.c): listeners and, for public_port, their children */
+    struct sdp_family *fam;         /* the family's shared table; NULL when the listener is alone */
+    int fam_slot;                   /* our entry in it (valid while fam is set) */
+    bool fam_holder;                /* listens on the public port and dispatches */
+    uint16_t public_port;           /* member listener and its children: the port clients dialled (host order) */
+    struct sdp_held *held;          /* holder: requests waiting for a member (SDP_DISPATCH_MAX_HELD) */
+    uint32_t n_held;
+    uint64_t fam_check_ms;          /* member: when to look whether the holder still lives */
+    /* active side: redirects followed by the current connect */
+    uint8_t redirects;
+    struct sockaddr_storage dial;   /* where the current attempt goes (s->peer stays what the application named) */
 };
 
 /* ---- sdp_sock.c ---- */
@@ -339,6 +357,43 @@ void rs_sdp_maybe_finish(struct rs_sdp_sock *s);
 int rs_sdp_setup_rings(struct rs_sdp_sock *s);
 void rs_sdp_free_rnic(struct rs_sdp_sock *s);
 
+/* ---- sdp_family.c ---- */
+#define RS_SDP_FAMILY_SLOTS 254
+#define RS_SDP_ASSIGN_GRACE_MS 1000u    /* a member sent a connection is not "waiting" again before it arrived */
+#define RS_SDP_REDIRECT_LEN 8
+#define RS_SDP_REDIRECT_VERSION 1
+enum rs_sdp_member_state {
+    RS_SDP_MEMBER_IDLE = 1,         /* registered; its application has not asked for a connection */
+    RS_SDP_MEMBER_WAITING = 2,      /* its application waits in accept (found the queue empty) */
+    RS_SDP_MEMBER_BUSY = 3,         /* its application took a connection and has not come back */
+    RS_SDP_MEMBER_ASSIGNED = 4,     /* the holder just sent it a connection */
+};
+struct sdp_family;
+struct sdp_held {                   /* a connect request the holder keeps for a while */
+    struct rs_rnic_cm_event ev;
+    uint64_t since_ms;
+};
+bool rs_sdp_family_pid_alive(pid_t pid);
+/* The holder's table for its listening address (port P), registered for its descendants; NULL on failure. */
+struct sdp_family *rs_sdp_family_create(const struct sockaddr_storage *addr, int *holder_slot);
+/* The family a descendant of the holder joins when it listens on addr; NULL if none (or we are its holder). */
+struct sdp_family *rs_sdp_family_find(const struct sockaddr_storage *addr);
+/* A member listening on port (host order): its slot, or -ENOSPC. */
+int rs_sdp_family_join(struct sdp_family *f, uint16_t port);
+void rs_sdp_family_leave(struct sdp_family *f, int slot, bool holder);
+void rs_sdp_family_set_state(struct sdp_family *f, int slot, enum rs_sdp_member_state st, uint64_t now);
+enum rs_sdp_member_state rs_sdp_family_state(const struct sdp_family *f, int slot);
+enum rs_sdp_pick {
+    RS_SDP_PICK_WAITING,            /* a member that waits */
+    RS_SDP_PICK_ANY,                /* round-robin among all live members */
+};
+/* Picks a live member and marks it ASSIGNED: its slot, with *port, or -ENOENT. */
+int rs_sdp_family_pick(struct sdp_family *f, enum rs_sdp_pick how, uint64_t now, uint16_t *port);
+/* Live members (waiting_only: those that wait in accept). */
+int rs_sdp_family_members(struct sdp_family *f, bool waiting_only);
+bool rs_sdp_family_holder_alive(const struct sdp_family *f);
+size_t rs_sdp_redirect_encode(uint16_t port, uint8_t *buf, size_t len);
+int rs_sdp_redirect_decode(const uint8_t *buf, size_t len, uint16_t *port);
 /* ---- sdp_tx.c ---- */
 int32_t rs_sdp_credits(const struct rs_sdp_sock *s);
 /* Posts one message whose header is built here; payload from the send ring ([ring_off, +ring_len)).

@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "common/log.h"
@@ -64,6 +65,46 @@ static bool same_device(struct rs_v_dev *dev, struct rdma_cm_id *id)
 
 /* ---- the channel ------------------------------------------------------------------------------------------ */
 
+/*
+ * A forked child closes its copies of the channels at once. An rdma_cm id lives as long as the channel's file is
+ * open in ANY process: a child's inherited copy (which nothing in the child ever reads: the RNIC state is the
+ * parent's) would keep the parent's listener bound to its port after the parent exits or closes it, swallowing
+ * every connection request to that port (a prefork family whose dispatcher is gone, sdp_family.c).
+ */
+#define CHANNEL_MAX_FD (1u << 20)
+static uint64_t channel_fds[CHANNEL_MAX_FD / 64];      /* bit per fd; atomic updates */
+static pthread_once_t channel_atfork_once = PTHREAD_ONCE_INIT;
+
+static void close_channels_in_child(void)
+{
+    for (unsigned w = 0; w < CHANNEL_MAX_FD / 64; w++) {
+        uint64_t bits = channel_fds[w];
+        if (!bits)
+            continue;
+        channel_fds[w] = 0;
+        for (unsigned b = 0; b < 64; b++) {
+            if (bits & (1ull << b))
+                syscall(SYS_close, (int)(w * 64 + b));
+        }
+    }
+}
+
+static void channel_atfork(void)
+{
+    pthread_atfork(NULL, NULL, close_channels_in_child);
+}
+
+static void channel_track(int fd, bool on)
+{
+    if (fd < 0 || (unsigned)fd >= CHANNEL_MAX_FD)
+        return;
+    uint64_t bit = 1ull << ((unsigned)fd % 64);
+    if (on)
+        __atomic_or_fetch(&channel_fds[(unsigned)fd / 64], bit, __ATOMIC_RELAXED);
+    else
+        __atomic_and_fetch(&channel_fds[(unsigned)fd / 64], ~bit, __ATOMIC_RELAXED);
+}
+
 int rs_v_cm_create(struct rs_rnic *rnic, struct rs_rnic_cm **out)
 {
     struct rs_v_dev *dev = rs_v_dev(rnic);
@@ -79,6 +120,8 @@ int rs_v_cm_create(struct rs_rnic *rnic, struct rs_rnic_cm **out)
         goto fail;
     cm->channel->fd = rs_fd_move_high(cm->channel->fd);
     fcntl(cm->channel->fd, F_SETFL, fcntl(cm->channel->fd, F_GETFL) | O_NONBLOCK);
+    pthread_once(&channel_atfork_once, channel_atfork);
+    channel_track(cm->channel->fd, true);
     cm->event_fd = rs_fd_move_high(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
     if (cm->event_fd < 0)
         goto fail;
@@ -90,6 +133,7 @@ int rs_v_cm_create(struct rs_rnic *rnic, struct rs_rnic_cm **out)
     if (r) {
         pthread_mutex_destroy(&cm->lock);
         close(cm->event_fd);
+        channel_track(cm->channel->fd, false);
         rdma_destroy_event_channel(cm->channel);
         free(cm);
         return r;
@@ -101,8 +145,10 @@ fail:
     r = errno ? -errno : -ENOMEM;
     if (cm->event_fd >= 0)
         close(cm->event_fd);
-    if (cm->channel)
+    if (cm->channel) {
+        channel_track(cm->channel->fd, false);
         rdma_destroy_event_channel(cm->channel);
+    }
     free(cm);
     return r;
 }
@@ -130,6 +176,7 @@ void rs_v_cm_put(struct rs_v_cm *cm)
         free(p);
     }
     /* Events still queued in the kernel for ids destroyed since are dropped with the channel. */
+    channel_track(cm->channel->fd, false);
     rdma_destroy_event_channel(cm->channel);
     close(cm->event_fd);
     pthread_mutex_destroy(&cm->lock);
