@@ -251,6 +251,60 @@ void rs_sdp_signal(struct rs_sdp_sock *s)
 
 /* fds a CQ waiter watches for the RNIC (one connection: the soft RNIC asks for its QP's TCP socket, verbs none) */
 #define SDP_WAIT_RNIC_FDS 4
+#define SDP_SPIN_MAX_US 1000
+
+/*
+ * RDMASOCK_SPIN_US (0..1000, default 0): how long a blocking call on a connected socket polls before it sleeps.
+ * Off by default: it buys latency (a sleeping thread's wake-up costs more than a message on a fast link, and far
+ * more in a VM) with CPU time, which only the operator can judge. rsockets spins 10 us by default.
+ */
+static uint64_t spin_ns(void)
+{
+    static int64_t cached = -1;
+    int64_t v = __atomic_load_n(&cached, __ATOMIC_RELAXED);
+    if (v < 0) {
+        const char *e = getenv("RDMASOCK_SPIN_US");
+        long us = e ? strtol(e, NULL, 10) : 0;
+        if (us < 0)
+            us = 0;
+        if (us > SDP_SPIN_MAX_US)
+            us = SDP_SPIN_MAX_US;
+        v = (int64_t)us * 1000;
+        __atomic_store_n(&cached, v, __ATOMIC_RELAXED);
+    }
+    return (uint64_t)v;
+}
+
+static uint64_t mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* Polls (lock held on entry and exit, dropped between rounds so the progress thread and other callers get it)
+ * until something signals this waiter or the budget is spent. True if it was signalled: no need to sleep. */
+static bool spin_before_sleep(struct rs_sdp_sock *s, const struct sdp_waiter *w, uint64_t budget_ns)
+{
+    uint64_t until = mono_ns() + budget_ns;
+    for (;;) {
+        rs_sdp_progress(s);
+        if (w->signalled || s->state != SDP_ST_CONNECTED)
+            return w->signalled;
+        if (mono_ns() >= until)
+            return false;
+        pthread_mutex_unlock(&s->lock);
+#if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();
+#endif
+        pthread_mutex_lock(&s->lock);
+    }
+}
+
+static bool deadline_ms_passed(uint64_t deadline_ms)
+{
+    return deadline_ms && rs_sdp_now_ms() >= deadline_ms;
+}
 
 static int wait_common(struct rs_sdp_sock *s, uint64_t deadline_ms, bool interruptible)
 {
@@ -279,9 +333,13 @@ static int wait_common(struct rs_sdp_sock *s, uint64_t deadline_ms, bool interru
             }
         }
     }
+    /* Inside the bracket, so on the soft RNIC the polls receive on this thread too. */
+    uint64_t budget = spin_ns();
+    bool spun = budget && s->cq && s->state == SDP_ST_CONNECTED && !deadline_ms_passed(deadline_ms) &&
+                spin_before_sleep(s, &w, budget);
     pthread_mutex_unlock(&s->lock);
     int result = 0;
-    for (;;) {
+    for (; !spun;) {
         struct timespec ts, *tsp = NULL;
         if (deadline_ms) {
             uint64_t now = rs_sdp_now_ms();
