@@ -6,7 +6,8 @@
 #   2. rsockets vs SDP with ONE program: rstream (librdmacm's rsockets benchmark) natively, and `rstream -T s`
 #      (plain socket calls) under rdmasock's preload, where its TCP sockets become SDP on rxe0. Same flags, same
 #      measure: 64 B ping-pong (-C 1) and bulk transfers (-C 100) of 64 KiB and 1 MiB, default (nonblocking,
-#      spinning) and blocking (-T b) calls.
+#      spinning) and blocking (-T b) calls; blocking once more with RDMASOCK_SPIN_US=$RS_SDP_SPIN_US (default 10,
+#      what rsockets spins by default before it sleeps) for SDP.
 # Writes compare.csv (test,variant,size,metric,value) and every tool's raw output into RS_VM_OUT.
 
 # shellcheck source=../lib.sh
@@ -37,20 +38,31 @@ for size in $sizes; do
     done
 done
 
-# 1b. sdp_bench over verbs: one direction, the same sizes (its CSV: test,size,tcp,sdp,ratio; MB/s in 10^6).
+# 1b. sdp_bench over verbs: one direction, the same sizes (its CSV: test,size,tcp,sdp,ratio; MB/s in 10^6), with
+#     the default (adaptive) zero-copy threshold, and with zero copy off (buffered copy only) for comparison.
 list=$(tr ' ' ',' <<< "$sizes")
-timeout 900 "$bench" --kind verbs --addr "$addr" --modes bw --sizes "$list" --seconds 2 --reps "$reps" \
-    > "$RS_VM_OUT/sdp_bench.txt" 2>&1
-echo "sdp_bench: exit $?"
-awk -F, '$1 ~ /^bw/ && $2 ~ /^[0-9]+$/ { printf "write_bw,sdp,%s,MBps,%s\n", $2, $4 }' "$RS_VM_OUT/sdp_bench.txt" >> "$out"
+for zc in default off; do
+    timeout 900 "$bench" --kind verbs --addr "$addr" --modes bw --sizes "$list" --seconds 2 --reps "$reps" \
+        --zcopy "$([[ $zc == off ]] && echo 0 || echo -1)" > "$RS_VM_OUT/sdp_bench_$zc.txt" 2>&1
+    echo "sdp_bench ($zc zero copy): exit $?"
+    variant=sdp
+    [[ $zc == off ]] && variant=sdp-bcopy
+    awk -F, -v v="$variant" '$1 ~ /^bw/ && $2 ~ /^[0-9]+$/ { printf "write_bw,%s,%s,MBps,%s\n", v, $2, $4 }' \
+        "$RS_VM_OUT/sdp_bench_$zc.txt" >> "$out"
+done
 
 # 2. rstream natively (rsockets) and with -T s under rdmasock (SDP). rstream prints
 #    name bytes xfers iters total time Gb/sec usec/xfer (both directions counted).
+spin=${RS_SDP_SPIN_US:-10}
+# rxe's packets sent so far: each run records how many it made, the evidence that it went over RDMA at all (a
+# socket left on the kernel would make none).
+rxe_sent() { rdma statistic show link "$dev/1" 2>/dev/null | grep -Eo 'sent_pkts [0-9]+' | awk '{ print $2 }'; }
 rstream_run() {     # NAME VARIANT SIZE COUNT ITERS FLAGS...
     local name=$1 variant=$2 size=$3 count=$4 iters=$5; shift 5
     local p=$((20000 + RANDOM % 20000))
     local -a pre=()
-    [[ $variant == sdp ]] && pre=(env LD_PRELOAD="$lib" RDMASOCK_CONF="$conf" RDMASOCK_TRANSPORT=verbs)
+    [[ $variant == sdp* ]] && pre=(env LD_PRELOAD="$lib" RDMASOCK_CONF="$conf" RDMASOCK_TRANSPORT=verbs)
+    [[ $variant == *spin ]] && pre+=(RDMASOCK_SPIN_US="$spin")
     "${pre[@]}" timeout 120 rstream "$@" -b "$addr" -p "$p" -S "$size" -C "$count" -I "$iters" \
         > "$RS_VM_OUT/$name.server.txt" 2>&1 &
     local server=$! waited=0
@@ -60,25 +72,33 @@ rstream_run() {     # NAME VARIANT SIZE COUNT ITERS FLAGS...
         (( waited++ >= 100 )) && break
         sleep 0.1
     done
+    local pkts0 pkts1
+    pkts0=$(rxe_sent)
     "${pre[@]}" timeout 120 rstream "$@" -s "$addr" -p "$p" -S "$size" -C "$count" -I "$iters" \
         > "$RS_VM_OUT/$name.txt" 2>&1
     wait "$server"
-    awk -v n="$name" -v v="$variant" -v s="$size" -v c="$count" '
+    pkts1=$(rxe_sent)
+    awk -v n="$name" -v v="$variant" -v s="$size" -v c="$count" -v pk="$(( ${pkts1:-0} - ${pkts0:-0} ))" '
         $1 == "custom" { gb = $7; us = $8 }
         END { if (gb != "") { t = c == 1 ? "rstream_lat" : "rstream_bw"
-                              printf "%s,%s,%s,Gbps,%s\n%s,%s,%s,us_per_xfer,%s\n", t, v, s, gb, t, v, s, us } }' \
+                              printf "%s,%s,%s,Gbps,%s\n%s,%s,%s,us_per_xfer,%s\n", t, v, s, gb, t, v, s, us
+                              printf "%s,%s,%s,rxe_pkts,%s\n", t, v, s, pk } }' \
         "$RS_VM_OUT/$name.txt" >> "$out"
 }
 for calls in default blocking; do
     flags=()
     [[ $calls == blocking ]] && flags=(-T b)
+    variants=(rsockets sdp)
+    [[ $calls == blocking ]] && variants+=(sdp-spin)
     for rep in $(seq 1 "$reps"); do
-        for variant in rsockets sdp; do
+        for variant in "${variants[@]}"; do
             f=("${flags[@]}")
-            [[ $variant == sdp ]] && f+=(-T s)
-            rstream_run "rstream_${calls}_lat_${variant}_$rep" "$variant-$calls" 64 1 2000 "${f[@]}"
-            rstream_run "rstream_${calls}_bw64k_${variant}_$rep" "$variant-$calls" 65536 100 10 "${f[@]}"
-            rstream_run "rstream_${calls}_bw1m_${variant}_$rep" "$variant-$calls" 1048576 10 10 "${f[@]}"
+            [[ $variant == sdp* ]] && f+=(-T s)
+            v=$variant-$calls
+            [[ $variant == sdp-spin ]] && v=sdp-$calls-spin
+            rstream_run "rstream_${calls}_lat_${variant}_$rep" "$v" 64 1 2000 "${f[@]}"
+            rstream_run "rstream_${calls}_bw64k_${variant}_$rep" "$v" 65536 100 10 "${f[@]}"
+            rstream_run "rstream_${calls}_bw1m_${variant}_$rep" "$v" 1048576 10 10 "${f[@]}"
         done
     done
 done
