@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "common/log.h"
+#include "common/sockaddr.h"
 #include "sdp_stream/sdp_int.h"
 
 #define FAMILY_MAGIC 0x52534641u    /* "RSFA" */
@@ -55,21 +56,6 @@ static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
 #define LOAD(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
 #define STORE(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
 
-static bool same_addr(const struct sockaddr_storage *a, const struct sockaddr_storage *b)
-{
-    if (a->ss_family != b->ss_family)
-        return false;
-    if (a->ss_family == AF_INET) {
-        const struct sockaddr_in *x = (const struct sockaddr_in *)a, *y = (const struct sockaddr_in *)b;
-        return x->sin_port == y->sin_port && x->sin_addr.s_addr == y->sin_addr.s_addr;
-    }
-    if (a->ss_family == AF_INET6) {
-        const struct sockaddr_in6 *x = (const struct sockaddr_in6 *)a, *y = (const struct sockaddr_in6 *)b;
-        return x->sin6_port == y->sin6_port && memcmp(&x->sin6_addr, &y->sin6_addr, sizeof(x->sin6_addr)) == 0;
-    }
-    return false;
-}
-
 bool rs_sdp_family_pid_alive(pid_t pid)
 {
     /* EPERM: it exists under other credentials (a child that dropped root). */
@@ -94,7 +80,7 @@ struct sdp_family *rs_sdp_family_create(const struct sockaddr_storage *addr, int
     bool stored = false;
     for (int i = 0; i < REGISTRY_MAX && !stored; i++) {
         /* A family whose holder is gone (or that another process created) is forgotten first. */
-        if (registry[i].fam && (LOAD(&registry[i].fam->holder_pid) == 0 || same_addr(&registry[i].addr, addr)))
+        if (registry[i].fam && (LOAD(&registry[i].fam->holder_pid) == 0 || rs_sockaddr_equal(&registry[i].addr, addr)))
             registry[i].fam = NULL;
         if (!registry[i].fam) {
             registry[i].addr = *addr;
@@ -118,7 +104,7 @@ struct sdp_family *rs_sdp_family_find(const struct sockaddr_storage *addr)
     pthread_mutex_lock(&registry_lock);
     for (int i = 0; i < REGISTRY_MAX && !found; i++) {
         struct sdp_family *f = registry[i].fam;
-        if (!f || !same_addr(&registry[i].addr, addr))
+        if (!f || !rs_sockaddr_equal(&registry[i].addr, addr))
             continue;
         int32_t holder = LOAD(&f->holder_pid);
         /* Only a descendant joins: the holder itself listens on the port. */

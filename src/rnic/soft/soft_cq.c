@@ -188,6 +188,21 @@ static void notify(struct rs_soft_cq *cq)
 
 /* ---- late notification (soft.h, rs_soft_cq_push) ---- */
 
+/* Takes a pending late notification: true (and the arm consumed) if one is due, i.e. what was added is still in
+ * the CQ and the CQ is armed. timer: called because the delay expired (its timer is no longer armed). */
+static bool take_late_notification(struct rs_soft_cq *cq, bool timer)
+{
+    pthread_mutex_lock(&cq->lock);
+    if (timer)
+        cq->delay_armed = false;
+    bool wake = cq->notify_pending && cq->count > 0 && cq->armed;
+    cq->notify_pending = false;
+    if (wake)
+        cq->armed = false;
+    pthread_mutex_unlock(&cq->lock);
+    return wake;
+}
+
 /* Progress thread: the delay expired. Fires the arm if what was added is still there. */
 static void delay_cb(struct rs_soft_watch *w, int fd, unsigned revents, void *arg)
 {
@@ -196,14 +211,7 @@ static void delay_cb(struct rs_soft_watch *w, int fd, unsigned revents, void *ar
     struct rs_soft_cq *cq = arg;
     uint64_t expirations;
     (void)rs_soft_sys_read(fd, &expirations, sizeof(expirations));
-    pthread_mutex_lock(&cq->lock);
-    cq->delay_armed = false;
-    bool wake = cq->notify_pending && cq->count > 0 && cq->armed;
-    cq->notify_pending = false;
-    if (wake)
-        cq->armed = false;
-    pthread_mutex_unlock(&cq->lock);
-    if (wake)
+    if (take_late_notification(cq, true))
         notify(cq);
 }
 
@@ -446,13 +454,7 @@ int rs_soft_cq_wait_begin(struct rs_rnic_cq *pcq, int *fds, int max)
     if (!rs_soft_rc_ops.wait_fd || rs_soft_progress_on_loop(cq->dev) || waiting_cq)
         return 0;
     /* A late notification is due at once for someone about to sleep on the CQ (whatever this call returns). */
-    pthread_mutex_lock(&cq->lock);
-    bool wake = cq->notify_pending && cq->count > 0 && cq->armed;
-    cq->notify_pending = false;
-    if (wake)
-        cq->armed = false;
-    pthread_mutex_unlock(&cq->lock);
-    if (wake)
+    if (take_late_notification(cq, false))
         signal_fd(cq);
     int n = 0;
     bool all = true;

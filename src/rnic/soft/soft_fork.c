@@ -23,7 +23,7 @@
 #include <unistd.h>
 
 #include "rnic/soft/soft.h"
-#include "rnic/soft/ud.h"     /* rs_ud_addr_equal */
+#include "common/sockaddr.h"
 
 #define OWNED_MAX_FD (1u << 20)                 /* the kernel's default nr_open */
 static uint64_t owned[OWNED_MAX_FD / 64];        /* bit per fd; atomic updates */
@@ -70,7 +70,7 @@ int rs_soft_listener_fd_take(const struct sockaddr_storage *tcp_addr)
          * listener, whatever it is now, and is forgotten. */
         bool ours = fd_bit(listening, parked[i]) &&
                     rs_soft_sys_getsockname(parked[i], (struct sockaddr *)&bound, &len) == 0;
-        if (ours && !rs_ud_addr_equal(&bound, tcp_addr))
+        if (ours && !rs_sockaddr_equal(&bound, tcp_addr))
             continue;
         if (ours)
             found = parked[i];

@@ -12,6 +12,7 @@
 #include <sys/uio.h>
 
 #include "rnic/soft/iwarp_wire.h"
+#include "common/sockaddr.h"
 #include "rnic/soft/soft.h"
 
 /* ---- wire constants ---- */
@@ -171,7 +172,6 @@ void rs_ud_rx_socket(struct rs_soft_ud *ud, unsigned budget);
 int rs_ud_rx_consume(struct rs_ud_rx *rx, const struct iovec *iov, int iovcnt);
 /* Drops the datagram unread (if it came from a socket) */
 void rs_ud_rx_discard(struct rs_ud_rx *rx);
-bool rs_ud_addr_equal(const struct sockaddr_storage *a, const struct sockaddr_storage *b);
 /* Segmented SEND reassembly timeouts (rx_lock held); returns the next deadline, 0 = none. */
 uint64_t rs_ud_partial_expire(struct rs_soft_ud *ud, uint64_t now_ns);
 /* Arms the QP timer for a new deadline and notes it for lazy checks. rx_lock held. */

@@ -27,7 +27,7 @@ static struct rs_ud_record *find_record(struct rs_soft_ud *ud, const struct sock
 {
     for (unsigned i = 0; i < RS_UD_MAX_RECORDS; i++) {
         struct rs_ud_record *r = &ud->records[i];
-        if (r->used && r->msg_id == msg_id && rs_ud_addr_equal(&r->src, src))
+        if (r->used && r->msg_id == msg_id && rs_sockaddr_equal(&r->src, src))
             return r;
     }
     return NULL;

@@ -27,21 +27,6 @@
 #include "common/log.h"
 #include "rnic/soft/ud.h"
 
-bool rs_ud_addr_equal(const struct sockaddr_storage *a, const struct sockaddr_storage *b)
-{
-    if (a->ss_family != b->ss_family)
-        return false;
-    if (a->ss_family == AF_INET) {
-        const struct sockaddr_in *x = (const struct sockaddr_in *)a, *y = (const struct sockaddr_in *)b;
-        return x->sin_port == y->sin_port && x->sin_addr.s_addr == y->sin_addr.s_addr;
-    }
-    if (a->ss_family == AF_INET6) {
-        const struct sockaddr_in6 *x = (const struct sockaddr_in6 *)a, *y = (const struct sockaddr_in6 *)b;
-        return x->sin6_port == y->sin6_port && memcmp(&x->sin6_addr, &y->sin6_addr, sizeof(x->sin6_addr)) == 0;
-    }
-    return false;
-}
-
 /* ---- raw hand-back (adopted sockets) ---- */
 
 /* Write-Record completions the QP's active records will still produce, without a further room check. */
@@ -324,7 +309,7 @@ static struct rs_ud_partial *find_partial(struct rs_soft_ud *ud, const struct so
 {
     for (unsigned i = 0; i < RS_UD_MAX_PARTIAL; i++) {
         struct rs_ud_partial *p = &ud->partial[i];
-        if (p->used && p->msn == msn && rs_ud_addr_equal(&p->src, src))
+        if (p->used && p->msn == msn && rs_sockaddr_equal(&p->src, src))
             return p;
     }
     return NULL;
@@ -399,7 +384,7 @@ static void send_segment(struct rs_ud_rx *rx)
          * missing segments of its older one are lost. */
         for (unsigned i = 0; i < RS_UD_MAX_PARTIAL; i++) {
             struct rs_ud_partial *q = &ud->partial[i];
-            if (q->used && q->active && rs_ud_addr_equal(&q->src, &rx->src))
+            if (q->used && q->active && rs_sockaddr_equal(&q->src, &rx->src))
                 abandon(ud, q);
         }
         p = alloc_partial(ud);
