@@ -174,7 +174,8 @@ static void run_bidirectional(uint64_t total, sdp_opts_fn opts, const char *what
     for (int i = 0; i < 4; i++)
         pthread_join(t[i], NULL);
     uint64_t ms = now_ms() - t0;
-    struct rs_sdp_stats sc = sdp_stats(c), sa = sdp_stats(a);
+    struct rs_sdp_stats sc, sa;
+    stats_settled(c, a, &sc, &sa);
     print_message("# %s: %llu MiB in %llu ms (%.0f MB/s both ways), %llu+%llu send calls, %llu+%llu recv calls\n",
                   what, (unsigned long long)(total >> 20), (unsigned long long)ms,
                   ms ? (double)total / 1000.0 / (double)ms : 0.0, (unsigned long long)cs.calls,

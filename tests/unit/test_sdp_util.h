@@ -130,6 +130,24 @@ static inline struct rs_sdp_stats sdp_stats(struct rs_sdp_sock *s)
     return st;
 }
 
+/*
+ * Both ends' statistics once their crossed-SinkAvail counts agree (up to 2 s). Each side counts a crossing when it
+ * processes the message that shows it: a SinkAvail posted just before the peer's DisConn arrived is counted by its
+ * poster at once and by the peer only when that SinkAvail reaches it, which may be after the test's threads are
+ * done. Nothing may be in flight any more when the counts are compared.
+ */
+static inline void stats_settled(struct rs_sdp_sock *x, struct rs_sdp_sock *y, struct rs_sdp_stats *sx,
+                                 struct rs_sdp_stats *sy)
+{
+    *sx = sdp_stats(x);
+    *sy = sdp_stats(y);
+    for (int i = 0; i < 200 && sx->sinks_crossed != sy->sinks_crossed; i++) {
+        usleep(10000);
+        *sx = sdp_stats(x);
+        *sy = sdp_stats(y);
+    }
+}
+
 /* Sends all of buf (blocking socket). */
 static inline void send_all(struct rs_sdp_sock *s, const void *buf, size_t len)
 {

@@ -443,7 +443,8 @@ static void test_cancel_race_stress(void **state)
     pthread_join(t, NULL);
     assert_int_equal(rs.error, 0);
     assert_true(pos == rs.sent);
-    struct rs_sdp_stats sc = sdp_stats(c), sa = sdp_stats(a);
+    struct rs_sdp_stats sc, sa;
+    stats_settled(c, a, &sc, &sa);
     print_message("# %llu MiB, %d receive timeouts, SinkAvail %llu cancels %llu crossed %llu/%llu, written %llu "
                   "MiB, SrcAvail %llu read %llu MiB\n",
                   (unsigned long long)(pos >> 20), timeouts, (unsigned long long)sa.sink_avail_sent,
