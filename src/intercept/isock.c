@@ -883,6 +883,11 @@ static int interest_index(unsigned bit)
     }
 }
 
+bool rs_isock_listener(struct rs_isock *s)
+{
+    return __atomic_load_n(&s->path, __ATOMIC_ACQUIRE) == RS_IPATH_LISTEN;
+}
+
 void rs_isock_interest(struct rs_isock *s, unsigned events, int delta)
 {
     pthread_mutex_lock(&s->lock);

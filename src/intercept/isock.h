@@ -56,6 +56,8 @@ unsigned rs_isock_poll(struct rs_isock *s, int fd);
 
 /* Interest of waiters, counted per bit (see rule 1). */
 void rs_isock_interest(struct rs_isock *s, unsigned events, int delta);
+/* A listening socket (an SDP listener, dormant or not). */
+bool rs_isock_listener(struct rs_isock *s);
 
 /* Changes whenever the wait fds may have changed (rule 4). */
 uint32_t rs_isock_generation(struct rs_isock *s);

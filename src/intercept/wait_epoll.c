@@ -84,6 +84,8 @@ struct registration {
     unsigned interest;              /* added to the socket with rs_isock_interest, 0 when none */
     bool armed;                     /* false: EPOLLONESHOT registration that reported, until MOD */
     bool parked;                    /* level registration held edge-triggered in P (see the top of file) */
+    bool listener;                  /* a listening socket: its POLLIN interest counts only during waits */
+    struct registration *listen_next;   /* wait_epoll.listeners */
     uint64_t reported_in;           /* expansion batch of the last report: two wait fds, one event */
     int nwait;
     struct wait_slot wait[RS_ISOCK_WAIT_FDS];
@@ -103,6 +105,8 @@ struct wait_epoll {
     struct registration *by_id;
     struct registration *by_sock;
     struct wait_slot *by_wait_fd;
+    struct registration *listeners; /* registrations of listening sockets */
+    int n_listeners;                /* atomic reads: no lock for E without listeners */
     struct wait_epoll *live_prev, *live_next;
     bool live;                      /* on the live list (not when creation failed half-way) */
 };
@@ -244,6 +248,8 @@ static uint64_t slot_data(const struct registration *reg, int index, int fd)
 static void set_interest(struct registration *reg, bool on)
 {
     unsigned want = on ? rs_wait_interest_of(reg->events) : 0;
+    if (reg->listener)
+        want &= ~(unsigned)POLLIN;      /* added by each wait instead (listeners_wait_begin) */
     if (want == reg->interest)
         return;
     /* Add before removing: a bit wanted by both never drops to zero in between. */
@@ -372,6 +378,15 @@ static void reregister(struct wait_epoll *ep, struct registration *reg)
 /* Removes a registration from every table and from P; the caller puts reg->sock and frees reg. */
 static void drop_registration(struct wait_epoll *ep, struct registration *reg)
 {
+    if (reg->listener) {
+        for (struct registration **pp = &ep->listeners; *pp; pp = &(*pp)->listen_next) {
+            if (*pp == reg) {
+                *pp = reg->listen_next;
+                __atomic_store_n(&ep->n_listeners, ep->n_listeners - 1, __ATOMIC_RELAXED);
+                break;
+            }
+        }
+    }
     unlink_registration(ep, reg);
     unregister_wait_fds(ep, reg);
     set_interest(reg, false);
@@ -518,6 +533,7 @@ static int ctl_add(struct wait_epoll *ep, struct rs_isock *sock, int fd, const s
     reg->events = event->events & ~(uint32_t)EPOLLWAKEUP;
     reg->data = event->data;
     reg->armed = true;
+    reg->listener = rs_isock_listener(sock);
     set_interest(reg, true);
     int rc = register_wait_fds(ep, reg);
     if (rc == 0 && !link_registration(ep, reg)) {
@@ -533,6 +549,11 @@ static int ctl_add(struct wait_epoll *ep, struct rs_isock *sock, int fd, const s
         return -1;
     }
     rs_fd_obj_hold(rs_isock_obj(sock));     /* the registration's own reference */
+    if (reg->listener) {
+        reg->listen_next = ep->listeners;
+        ep->listeners = reg;
+        __atomic_store_n(&ep->n_listeners, ep->n_listeners + 1, __ATOMIC_RELAXED);
+    }
     return 0;
 }
 
@@ -754,6 +775,40 @@ static int64_t deadline_of(const struct wait_args *args)
 }
 
 /*
+ * A listener in E is waited for (POLLIN interest on its socket) only while a thread sleeps in epoll_wait on E, as a
+ * thread in accept or poll waits for it only during the call. A prefork family's shared backlog gives connections to
+ * the processes that wait (docs/interception.md, "Processes"): a process busy with a connection, whose listener
+ * merely sits in its set, must not take one it may exit without accepting.
+ */
+#define LISTEN_WAIT_MAX 8
+
+static int listeners_wait_begin(struct wait_epoll *ep, struct rs_isock **socks)
+{
+    int n = 0;
+    pthread_mutex_lock(&ep->lock);
+    for (struct registration *r = ep->listeners; r && n < LISTEN_WAIT_MAX; r = r->listen_next) {
+        if (!r->armed || !(r->events & EPOLLIN))
+            continue;
+        rs_fd_obj_hold(rs_isock_obj(r->sock));
+        socks[n++] = r->sock;
+    }
+    pthread_mutex_unlock(&ep->lock);
+    for (int i = 0; i < n; i++)
+        rs_isock_interest(socks[i], POLLIN, +1);
+    return n;
+}
+
+static void listeners_wait_end(struct rs_isock **socks, int n)
+{
+    int saved_errno = errno;
+    for (int i = 0; i < n; i++) {
+        rs_isock_interest(socks[i], POLLIN, -1);
+        rs_isock_put(socks[i]);
+    }
+    errno = saved_errno;
+}
+
+/*
  * The wait proper on an E that holds intercepted sockets. `pending` events already came back from a first real
  * wait (the caller's pass-through, when E got its first socket while it slept); 0 makes the first wait here.
  */
@@ -765,6 +820,9 @@ static int wait_sockets(struct wait_epoll *ep, int epfd, struct epoll_event *eve
     for (bool first = pending == 0;; first = false) {
         int n = pending;
         pending = 0;
+        /* Held until the events are read: dropping the interest takes back the listener's notification. */
+        struct rs_isock *waited[LISTEN_WAIT_MAX];
+        int nw = 0;
         if (n == 0) {
             uint32_t fork_generation = rs_isock_fork_generation();
             if (RS_UNLIKELY(__atomic_load_n(&ep->fork_generation, __ATOMIC_RELAXED) != fork_generation))
@@ -776,11 +834,16 @@ static int wait_sockets(struct wait_epoll *ep, int epfd, struct epoll_event *eve
                     again.timeout = &left;
                 }
             }
+            if (__atomic_load_n(&ep->n_listeners, __ATOMIC_RELAXED))
+                nw = listeners_wait_begin(ep, waited);
             n = call_real_wait(epfd, events, maxevents, &again);
-            if (n <= 0)
+            if (n <= 0) {
+                listeners_wait_end(waited, nw);
                 return n;
+            }
         }
         int count = filter_events(ep, events, n, maxevents);
+        listeners_wait_end(waited, nw);
         if (count > 0)
             return count;
         /* Everything was for nothing (another waiter's readiness, a disarmed one-shot): wait out the rest. */

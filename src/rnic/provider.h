@@ -82,6 +82,7 @@ struct rs_rnic_ops {
     int (*listener_addr)(const struct rs_rnic_listener *listener, struct sockaddr_storage *out);
     void (*listener_close)(struct rs_rnic_listener *listener);
     void (*listener_park)(struct rs_rnic_listener *listener);     /* optional: NULL closes */
+    int (*listener_intake)(struct rs_rnic_listener *listener, unsigned want, uint32_t seen);  /* optional */
     int (*connect)(struct rs_rnic_qp *qp, struct rs_rnic_cm *cm, const struct sockaddr *dst, socklen_t len,
                    const void *private_data, uint32_t private_data_len, uint32_t timeout_ms);
     int (*accept)(struct rs_rnic_conn_request *request, struct rs_rnic_qp *qp, struct rs_rnic_cm *cm,

@@ -280,6 +280,13 @@ void rs_rnic_listener_park(struct rs_rnic_listener *listener)
         listener->rnic->ops->listener_close(listener);
 }
 
+int rs_rnic_listener_intake(struct rs_rnic_listener *listener, unsigned want, uint32_t seen)
+{
+    if (!listener->rnic->ops->listener_intake)
+        return -EOPNOTSUPP;
+    return listener->rnic->ops->listener_intake(listener, want, seen);
+}
+
 void rs_rnic_listener_close(struct rs_rnic_listener *listener)
 {
     listener->rnic->ops->listener_close(listener);

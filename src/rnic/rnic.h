@@ -456,6 +456,13 @@ void rs_rnic_listener_close(struct rs_rnic_listener *listener);
  * connections wait in its backlog until a process of the family listens on the same address again, and that
  * rs_rnic_listen adopts it. Providers that cannot share one (verbs: an rdma_cm id is per process) close it. */
 void rs_rnic_listener_park(struct rs_rnic_listener *listener);
+/* Pacing a listener whose backlog other processes share (the soft RNIC's listening socket adopted after a fork).
+ * The kernel holds a TCP connection in a shared backlog until some process accepts it; an RDMA connection belongs
+ * to the process that took it off, and is reset if that process exits before its application accepts it. So such
+ * a listener takes connections only as the application asks: at most `want` may be on the way to it (being set up,
+ * or reported as CONNECT_REQUEST but not among the `seen` CONNECT_REQUESTs the application has taken from this
+ * listener so far). It starts at 0. -EOPNOTSUPP for a listener that is not shared (it takes whatever arrives). */
+int rs_rnic_listener_intake(struct rs_rnic_listener *listener, unsigned want, uint32_t seen);
 
 /* Starts connecting qp; completes with ESTABLISHED, REJECTED, UNREACHABLE or TIMEOUT on cm. Never blocks. */
 int rs_rnic_connect(struct rs_rnic_qp *qp, struct rs_rnic_cm *cm, const struct sockaddr *dst, socklen_t len,

@@ -297,6 +297,7 @@ int rs_sdp_listen(struct rs_sdp_sock *s, int backlog)
         pthread_mutex_unlock(&s->lock);
         return r;
     }
+    rs_sdp_intake_start(s);
     s->bound = true;
     s->backlog = backlog > 0 ? backlog : 1;
     s->state = SDP_ST_LISTEN;
@@ -384,6 +385,36 @@ static void accept_request(struct rs_sdp_sock *l, struct rs_rnic_cm_event *ev)
         rs_sdp_fail(c, ECONNABORTED, false);
         pthread_mutex_unlock(&c->lock);
         rs_sdp_put(c);      /* the listener's ownership; the watchers' reference frees it */
+    }
+}
+
+/* ---- pacing a shared listener (rs_rnic_listener_intake) ---- */
+
+/* Listener lock held, right after its RNIC listener was made. */
+void rs_sdp_intake_start(struct rs_sdp_sock *l)
+{
+    l->requests_seen = 0;
+    l->intake_set = 0;
+    l->intake_set_seen = 0;
+    l->intake_paced = l->listener && rs_rnic_listener_intake(l->listener, 0, 0) == 0;
+    rs_sdp_intake_update(l);
+}
+
+/* Listener lock held. One connection may come this way while the application asks for one (a thread in accept
+ * found the queue empty, or the listener is in a poll set) and none is already on its way or queued: what the
+ * kernel's shared backlog would give a process that accepts, and nothing a busy or exiting process would hold. */
+void rs_sdp_intake_update(struct rs_sdp_sock *l)
+{
+    if (!l->intake_paced || !l->listener)
+        return;
+    bool want = l->state == SDP_ST_LISTEN && !l->app_closed && l->children == 0 &&
+                (l->intake_want || l->interest_count[0] > 0);
+    unsigned n = want ? 1u : 0u;
+    if (n == l->intake_set && (n == 0 || l->requests_seen == l->intake_set_seen))
+        return;
+    if (rs_rnic_listener_intake(l->listener, n, l->requests_seen) == 0) {
+        l->intake_set = n;
+        l->intake_set_seen = l->requests_seen;
     }
 }
 
@@ -516,6 +547,7 @@ static void member_promote(struct rs_sdp_sock *s)
     if (s->listener)
         rs_rnic_listener_close(s->listener);
     s->listener = nl;
+    rs_sdp_intake_start(s);
     rs_sdp_family_leave(s->fam, s->fam_slot, false);
     s->fam = NULL;
     s->public_port = 0;
@@ -565,6 +597,8 @@ void rs_sdp_note_busy(struct rs_sdp_sock *s)
     pthread_mutex_lock(&s->lock);
     if (s->fam)
         rs_sdp_family_set_state(s->fam, s->fam_slot, RS_SDP_MEMBER_BUSY, rs_sdp_now_ms());
+    s->intake_want = false;     /* it took a kernel client: no RDMA one until it asks again */
+    rs_sdp_intake_update(s);
     pthread_mutex_unlock(&s->lock);
 }
 
@@ -588,6 +622,7 @@ static void child_established(struct rs_sdp_sock *c)
     }
     if (l->children > 0)
         l->children--;
+    rs_sdp_intake_update(l);
     pthread_mutex_unlock(&l->lock);
     /* The listener went away while this connection was being set up: nobody will accept it. */
     c->app_closed = true;
@@ -602,6 +637,7 @@ static void child_failed_early(struct rs_sdp_sock *c)
     pthread_mutex_lock(&l->lock);
     if (l->children > 0)
         l->children--;
+    rs_sdp_intake_update(l);
     pthread_mutex_unlock(&l->lock);
     c->app_closed = true;
     rs_sdp_put(c);      /* the listener's ownership; the watchers still hold one until teardown */
@@ -632,8 +668,14 @@ int rs_sdp_accept(struct rs_sdp_sock *s, unsigned flags, struct rs_sdp_sock **ou
             s->children--;
             if (s->fam)
                 rs_sdp_family_set_state(s->fam, s->fam_slot, RS_SDP_MEMBER_BUSY, rs_sdp_now_ms());
+            s->intake_want = false;
+            rs_sdp_intake_update(s);
             r = 0;
             break;
+        }
+        if (!s->intake_want) {
+            s->intake_want = true;
+            rs_sdp_intake_update(s);
         }
         if (s->fam && s->children == 0) {
             /* Nothing here and nothing on its way: the family's dispatcher may send this process the next one.
@@ -821,6 +863,23 @@ static bool follow_redirect(struct rs_sdp_sock *s, const struct rs_rnic_cm_event
     return r == 0;
 }
 
+/* Lock held: a CONNECTING socket's request ended unanswered (the connection closed before the reply): the process
+ * that had taken it off a shared backlog exited or closed its listener before its application accepted it (a
+ * prefork child retired by Apache). Nothing of ours was sent yet, so ask again: another process of the family may
+ * take it, as the kernel's shared backlog would have given it to one. */
+static bool retry_dropped(struct rs_sdp_sock *s, const struct rs_rnic_cm_event *ev)
+{
+    if (s->state != SDP_ST_CONNECTING || ev->type != RS_RNIC_CM_EV_UNREACHABLE || ev->error != -ECONNRESET)
+        return false;
+    int r = connect_again(s, addr_port(&s->dial));
+    if (r != 0) {
+        RS_DEBUG("sdp: connect request dropped by the listener, not tried again (%d)", r);
+        return false;
+    }
+    RS_DEBUG("sdp: connect request dropped by the listener; trying again (%u)", s->redirects);
+    return true;
+}
+
 static int cm_error_to_errno(const struct rs_rnic_cm_event *ev)
 {
     switch (ev->type) {
@@ -855,6 +914,8 @@ static void on_cm_event(struct rs_sdp_sock *s, struct rs_rnic_cm_event *ev)
 {
     if (s->state == SDP_ST_LISTEN || ev->type == RS_RNIC_CM_EV_CONNECT_REQUEST) {
         if (ev->type == RS_RNIC_CM_EV_CONNECT_REQUEST) {
+            if (ev->listener && ev->listener == s->listener)
+                s->requests_seen++;
             if (s->state == SDP_ST_LISTEN)
                 on_connect_request(s, ev);
             else
@@ -892,7 +953,7 @@ static void on_cm_event(struct rs_sdp_sock *s, struct rs_rnic_cm_event *ev)
     case RS_RNIC_CM_EV_REJECTED:
     case RS_RNIC_CM_EV_UNREACHABLE:
     case RS_RNIC_CM_EV_TIMEOUT:
-        if (follow_redirect(s, ev))
+        if (follow_redirect(s, ev) || retry_dropped(s, ev))
             break;
         s->cm_gone = true;
         if (s->state == SDP_ST_ACCEPTING && s->parent)
@@ -975,6 +1036,8 @@ static void progress_step(struct rs_sdp_sock *s, bool with_cm)
         rs_sdp_credit_update_check(s);
     }
     rs_sdp_maybe_finish(s);
+    if (s->state == SDP_ST_LISTEN)
+        rs_sdp_intake_update(s);
     if (s->dirty) {
         s->dirty = false;
         rs_sdp_signal(s);

@@ -152,6 +152,13 @@ struct rs_sdp_sock {
     struct rs_sdp_sock *acceptq_head, *acceptq_tail;
     int backlog;
     int children;                   /* accepted by us, not yet taken by rs_sdp_accept (queued or establishing) */
+    /* A listener whose backlog other processes share takes connections only as the application asks for them
+     * (rs_rnic_listener_intake; rs_sdp_intake_update says when). */
+    bool intake_paced;
+    bool intake_want;               /* accept found nothing, and has not returned a connection since */
+    unsigned intake_set;            /* the intake last given to the RNIC */
+    uint32_t requests_seen;         /* CONNECT_REQUESTs taken from the RNIC listener */
+    uint32_t intake_set_seen;       /* requests_seen as last given */
 
     /* errors and shutdown */
     int so_error;                   /* positive errno pending for the application */
@@ -354,6 +361,8 @@ void rs_sdp_fail(struct rs_sdp_sock *s, int err, bool send_abort);
 /* Lock held: evaluates timers, returns the next deadline (0 none). */
 uint64_t rs_sdp_timers(struct rs_sdp_sock *s, uint64_t now);
 void rs_sdp_maybe_finish(struct rs_sdp_sock *s);
+void rs_sdp_intake_start(struct rs_sdp_sock *l);
+void rs_sdp_intake_update(struct rs_sdp_sock *l);
 int rs_sdp_setup_rings(struct rs_sdp_sock *s);
 void rs_sdp_free_rnic(struct rs_sdp_sock *s);
 

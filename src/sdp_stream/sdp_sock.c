@@ -445,7 +445,7 @@ void rs_sdp_interest(struct rs_sdp_sock *s, unsigned events, int delta)
         int v = (int)s->interest_count[bit] + delta;
         s->interest_count[bit] = (uint16_t)(v < 0 ? 0 : v > 65535 ? 65535 : v);
     }
-    rs_sdp_progress(s);
+    rs_sdp_progress(s);     /* (a listener's intake follows its POLLIN interest) */
     rs_sdp_signal(s);
     pthread_mutex_unlock(&s->lock);
 }

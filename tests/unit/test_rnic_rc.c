@@ -804,6 +804,76 @@ static void test_port_space_reuseport(void **state)
     rs_rnic_cm_destroy(cm2);
 }
 
+/* Connects a new active side to the fixture's address; the caller destroys it. */
+static void connect_side(struct fixture *f, struct side *s)
+{
+    create_side(f, s, 16, 4);
+    assert_int_equal(rs_rnic_connect(s->qp, s->cm, (struct sockaddr *)&f->listen_addr, sizeof(struct sockaddr_in),
+                                     NULL, 0, WAIT_MS),
+                     0);
+}
+
+/* A request taken off the backlog: refused, and the initiator told so. */
+static void refuse_request(struct side *s, struct rs_rnic_cm_event *ev)
+{
+    assert_int_equal(ev->type, RS_RNIC_CM_EV_CONNECT_REQUEST);
+    assert_int_equal(rs_rnic_reject(ev->request, NULL, 0), 0);
+    expect_event(s->cm, RS_RNIC_CM_EV_REJECTED, NULL);
+}
+
+/* A listening socket adopted after a fork (here: parked, then listened on again) is shared by a prefork family:
+ * it takes a connection off the common backlog only while the application asks for one (rs_rnic_listener_intake),
+ * at most `want` at a time, and one that nobody asks for after RS_RC_SHARED_GRACE_MS (100 ms), so that a process
+ * that is busy (and may exit before it accepts) leaves connections to the processes that wait. */
+static void test_shared_listener_paced(void **state)
+{
+    struct fixture *f = *state;
+    if (rnic_kind() != RS_RNIC_KIND_SOFT)
+        skip();
+    /* A listener of its own takes whatever arrives: no pacing. */
+    assert_int_equal(rs_rnic_listener_intake(f->listener, 1, 0), -EOPNOTSUPP);
+    rs_rnic_listener_park(f->listener);
+    f->listener = NULL;
+    assert_int_equal(rs_rnic_listen(f->p.cm, (struct sockaddr *)&f->listen_addr, sizeof(struct sockaddr_in), 16,
+                                    &f->listener),
+                     0);
+    assert_int_equal(rs_rnic_listener_intake(f->listener, 0, 0), 0);
+
+    /* Nobody asks: the connection waits in the backlog for the grace, then is taken anyway. */
+    struct side a1, a2, a3;
+    uint64_t t0 = now_ms();
+    connect_side(f, &a1);
+    struct rs_rnic_cm_event ev;
+    assert_int_equal(get_event(f->p.cm, WAIT_MS, &ev), 0);
+    uint64_t took = now_ms() - t0;
+    if (took < 90)
+        fail_msg("a connection nobody asked for was taken after %llu ms (grace 100 ms)", (unsigned long long)took);
+    refuse_request(&a1, &ev);
+
+    /* The application asks for one (it has seen 1 request): of two connections, one comes at once, the other
+     * only when the grace ran out again. */
+    assert_int_equal(rs_rnic_listener_intake(f->listener, 1, 1), 0);
+    connect_side(f, &a2);
+    connect_side(f, &a3);
+    assert_int_equal(get_event(f->p.cm, WAIT_MS, &ev), 0);
+    uint64_t first = now_ms();
+    struct rs_rnic_cm_event ev2;
+    assert_int_equal(get_event(f->p.cm, WAIT_MS, &ev2), 0);
+    uint64_t gap = now_ms() - first;
+    if (gap < 60)
+        fail_msg("the second connection came %llu ms after the first while one was asked for", (unsigned long long)gap);
+    struct rs_rnic_cm_event *evs[2] = { &ev, &ev2 };
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(evs[i]->type, RS_RNIC_CM_EV_CONNECT_REQUEST);
+        assert_int_equal(rs_rnic_reject(evs[i]->request, NULL, 0), 0);
+    }
+    expect_event(a2.cm, RS_RNIC_CM_EV_REJECTED, NULL);
+    expect_event(a3.cm, RS_RNIC_CM_EV_REJECTED, NULL);
+    destroy_side(&a1);
+    destroy_side(&a2);
+    destroy_side(&a3);
+}
+
 /* Every socket of a soft RC connection (listener, accepted, active) is close-on-exec: a program that execs keeps
  * none of them. */
 static void test_sockets_cloexec(void **state)
@@ -1460,6 +1530,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_disconnect, fixture_setup, fixture_teardown),
         cmocka_unit_test_setup_teardown(test_peer_killed, fixture_setup, fixture_teardown),
         cmocka_unit_test_setup_teardown(test_cq_overflow, small_cq_setup, fixture_teardown),
+        cmocka_unit_test_setup_teardown(test_shared_listener_paced, fixture_setup, fixture_teardown),
     };
     return cmocka_run_group_tests_name("rnic_rc", tests, NULL, NULL);
 }

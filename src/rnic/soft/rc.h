@@ -81,6 +81,7 @@ _Static_assert(RS_RC_FPDU_MAX - RS_MPA_LEN_FIELD - RS_MPA_CRC_LEN <= RS_MPA_MAX_
 #define RS_RC_DEFAULT_CONNECT_TIMEOUT_MS 5000u
 #define RS_RC_MPA_REQUEST_TIMEOUT_MS 5000u  /* passive side: time a new TCP connection has to send its Request */
 #define RS_RC_CLOSE_TIMEOUT_MS 3000u        /* disconnect / error: time the peer has to close its half */
+#define RS_RC_SHARED_GRACE_MS 100u          /* a shared listener's connection nobody asks for is taken after this */
 #define RS_RC_GREETING_TIMEOUT_MS 1000u     /* active side: time the listener has to greet (capped by the connect
                                              * timeout); a kernel listener that says nothing is not ours */
 #define RS_RC_TERM_LEN_FPDU (RS_MPA_LEN_FIELD + RS_TERM_MAX_LEN + RS_MPA_TRAILER_MAX)
@@ -389,6 +390,7 @@ int rs_rc_listen(struct rs_soft_cm *cm, const struct sockaddr *addr, socklen_t l
 int rs_rc_listener_addr(const struct rs_rnic_listener *listener, struct sockaddr_storage *out);
 void rs_rc_listener_close(struct rs_rnic_listener *listener);
 void rs_rc_listener_park(struct rs_rnic_listener *listener);
+int rs_rc_listener_intake(struct rs_rnic_listener *listener, unsigned want, uint32_t seen);
 int rs_rc_connect(struct rs_soft_qp *qp, struct rs_soft_cm *cm, const struct sockaddr *dst, socklen_t len,
                   const void *private_data, uint32_t private_data_len, uint32_t timeout_ms);
 int rs_rc_accept(struct rs_rnic_conn_request *request, struct rs_soft_qp *qp, struct rs_soft_cm *cm,

@@ -8,7 +8,9 @@
  *            silence for RS_RC_GREETING_TIMEOUT_MS -> UNREACHABLE, -EHOSTUNREACH) -> send the MPA Request -> read
  *            exactly the Reply (FPDUs may follow it in the same segment and belong to the receive machine) ->
  *            ESTABLISHED, or REJECTED (R set, or TCP refused), UNREACHABLE (no route, bad Reply), TIMEOUT.
- *   passive  listening socket (SO_REUSEPORT: processes of a prefork server share the port) -> accept4 -> the
+ *   passive  listening socket (SO_REUSEPORT; one adopted after a fork is shared by the family and paced: it
+ *            takes a connection off the backlog while the application asks for one, or once one has waited
+ *            RS_RC_SHARED_GRACE_MS) -> accept4 -> the
  *            greeting -> read exactly the Request (a silent client is dropped after RS_RC_MPA_REQUEST_TIMEOUT_MS)
  *            -> refused at once if it wants markers or an unknown revision (Reply with R, close), else
  *            CONNECT_REQUEST to the application, which accepts (Reply, ESTABLISHED) or rejects (Reply with R and
@@ -52,6 +54,14 @@ struct rs_rc_listener {
     struct rs_mpa_local local;
     struct rs_rc_pending *pending;
     bool park;                      /* closing for fork dormancy: the socket stays open, parked (soft_fork.c) */
+    /* A listening socket adopted after a fork is shared with the rest of the family: it takes connections off the
+     * common backlog only as the application asks for them (rs_rc_listener_intake), see intake_open. */
+    bool shared;
+    unsigned n_pending;             /* connections taken whose MPA Request is still arriving (progress thread) */
+    uint32_t handed;                /* CONNECT_REQUESTs given to the application (progress thread) */
+    uint64_t intake;                /* atomic: (requests the application has seen << 32) | connections it wants */
+    struct rs_soft_timer *grace;    /* shared: started when the backlog has a connection nobody asks for */
+    bool overdue;                   /* shared, in grace_cb: one connection is taken regardless */
 };
 
 /* A complete, acceptable MPA Request waiting for the application's accept or reject. */
@@ -644,6 +654,70 @@ int rs_rc_disconnect(struct rs_soft_qp *qp)
 
 /* ---- passive side ---- */
 
+/*
+ * Pacing a shared listener. The kernel keeps a TCP connection in the listening socket's backlog until some process
+ * accepts it, so when one process of a prefork family exits, the connections it never took go to the others. Ours
+ * are bound to a process earlier, as soon as its progress thread takes one off the backlog to greet it; a process
+ * that takes them while its application is busy, and then exits (Apache retires children all the time), resets
+ * them. So a shared listener takes a connection only while its application wants one: it may have `want` of them
+ * on the way (greeting or MPA under way, or handed over and not yet seen by the application), the rest stay in the
+ * backlog for the process that asks first. A connection nobody asks for is taken after RS_RC_SHARED_GRACE_MS
+ * anyway (by every process of the family that watches the socket: the first one's accept4 wins), because a TCP
+ * connect completes without any accept: a program may connect to its own listener and accept only afterwards, or
+ * all the processes may be busy. Progress thread.
+ */
+static bool intake_open(const struct rs_rc_listener *l)
+{
+    if (!l->shared)
+        return true;
+    uint64_t v = __atomic_load_n(&l->intake, __ATOMIC_ACQUIRE);
+    uint32_t want = (uint32_t)v;
+    uint32_t unseen = l->handed - (uint32_t)(v >> 32);
+    return unseen <= want && (uint64_t)l->n_pending + unseen < want;
+}
+
+/* Watches the backlog again if the intake allows another connection (the callback pauses it when it does not). */
+static void intake_rewatch(struct rs_rc_listener *l)
+{
+    if (l->shared && l->watch && intake_open(l)) {
+        rs_soft_timer_arm(l->grace, 0);
+        rs_soft_watch_set(l->watch, RS_SOFT_EV_READ);
+    }
+}
+
+static void listener_cb(struct rs_soft_watch *w, int fd, unsigned revents, void *arg);
+
+/* The grace ran out: one connection of the backlog is taken regardless (if another process has not taken it
+ * first), then the socket is watched again for the next one. */
+static void grace_cb(struct rs_soft_timer *t, void *arg)
+{
+    (void)t;
+    struct rs_rc_listener *l = arg;
+    if (!l->watch)
+        return;
+    l->overdue = true;
+    listener_cb(l->watch, l->fd, RS_SOFT_EV_READ, l);
+    l->overdue = false;
+    rs_soft_watch_set(l->watch, RS_SOFT_EV_READ);
+}
+
+static void intake_loop(void *arg)
+{
+    intake_rewatch(arg);
+}
+
+int rs_rc_listener_intake(struct rs_rnic_listener *listener, unsigned want, uint32_t seen)
+{
+    struct rs_rc_listener *l = (struct rs_rc_listener *)listener;
+    if (!l->shared)
+        return -EOPNOTSUPP;
+    __atomic_store_n(&l->intake, ((uint64_t)seen << 32) | want, __ATOMIC_RELEASE);
+    /* The callback checks the intake again before each accept: watching too much costs one wake-up at most. */
+    if (want > 0 && rs_soft_progress_call(l->dev, intake_loop, l) != 0)
+        rs_soft_watch_set(l->watch, RS_SOFT_EV_READ);
+    return 0;
+}
+
 static void pending_close(struct rs_rc_pending *p, bool close_fd)
 {
     struct rs_rc_listener *l = p->listener;
@@ -658,6 +732,8 @@ static void pending_close(struct rs_rc_pending *p, bool close_fd)
     if (close_fd && p->fd >= 0)
         rs_soft_sys_close(p->fd);
     free(p);
+    if (l->n_pending > 0)
+        l->n_pending--;
 }
 
 static void reject_and_close(int fd, const struct rs_mpa_frame *req, const struct rs_mpa_local *local)
@@ -670,7 +746,16 @@ static void reject_and_close(int fd, const struct rs_mpa_frame *req, const struc
 }
 
 /* A whole Request arrived on p: refuse it here, or hand it to the application. */
+static void pending_request_take(struct rs_rc_pending *p, size_t total);
+
 static void pending_request(struct rs_rc_pending *p, size_t total)
+{
+    struct rs_rc_listener *l = p->listener;
+    pending_request_take(p, total);
+    intake_rewatch(l);      /* handed over or refused: room for the next one, if the application wants it */
+}
+
+static void pending_request_take(struct rs_rc_pending *p, size_t total)
 {
     struct rs_rc_listener *l = p->listener;
     struct rs_rc_request *rq = calloc(1, sizeof(*rq));
@@ -722,7 +807,9 @@ static void pending_request(struct rs_rc_pending *p, size_t total)
     if (rs_soft_cm_push(l->cm, &ev) != 0) {
         rs_soft_sys_close(fd);
         free(rq);
+        return;
     }
+    l->handed++;
 }
 
 static void pending_cb(struct rs_soft_watch *w, int fd, unsigned revents, void *arg)
@@ -737,7 +824,9 @@ static void pending_cb(struct rs_soft_watch *w, int fd, unsigned revents, void *
         return;
     if (r < 0) {
         RS_DEBUG("soft rc: incoming connection dropped before its MPA Request: %d", r);
+        struct rs_rc_listener *l = p->listener;
         pending_close(p, true);
+        intake_rewatch(l);
         return;
     }
     pending_request(p, total);
@@ -748,7 +837,9 @@ static void pending_timer_cb(struct rs_soft_timer *t, void *arg)
     (void)t;
     struct rs_rc_pending *p = arg;
     RS_DEBUG("soft rc: incoming connection sent no MPA Request in time");
+    struct rs_rc_listener *l = p->listener;
     pending_close(p, true);
+    intake_rewatch(l);
 }
 
 static void listener_cb(struct rs_soft_watch *w, int fd, unsigned revents, void *arg)
@@ -760,9 +851,21 @@ static void listener_cb(struct rs_soft_watch *w, int fd, unsigned revents, void 
     struct iovec greeting_iov = { (void *)greeting, sizeof(greeting) };
     const struct msghdr greeting_msg = { .msg_iov = &greeting_iov, .msg_iovlen = 1 };
     for (int i = 0; i < 16; i++) {
+        bool overdue = false;
+        if (!intake_open(l)) {
+            if (!l->overdue) {
+                /* The rest is for the processes that ask, unless it waits too long. */
+                rs_soft_watch_set(l->watch, 0);
+                rs_soft_timer_arm(l->grace, RS_RC_SHARED_GRACE_MS);
+                return;
+            }
+            overdue = true;
+        }
         struct sockaddr_storage peer;
         socklen_t plen = sizeof(peer);
         int nfd = rs_soft_sys_accept4(fd, (struct sockaddr *)&peer, &plen, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (overdue)
+            l->overdue = false;     /* one at most (another process may have taken it first) */
         if (nfd < 0)
             return;
         set_nodelay(nfd);
@@ -792,6 +895,7 @@ static void listener_cb(struct rs_soft_watch *w, int fd, unsigned revents, void 
         rs_soft_timer_arm(p->timer, RS_RC_MPA_REQUEST_TIMEOUT_MS);
         p->next = l->pending;
         l->pending = p;
+        l->n_pending++;
     }
 }
 
@@ -842,6 +946,7 @@ int rs_rc_listen(struct rs_soft_cm *cm, const struct sockaddr *addr, socklen_t l
     if (sa_port(&tcp_addr) != 0 && (fd = rs_soft_listener_fd_take(&tcp_addr)) >= 0) {
         (void)rs_soft_sys_listen(fd, backlog > 0 ? backlog : 128);
         port = sa_port(&tcp_addr);
+        l->shared = true;       /* paced: it takes nothing until the application asks (intake 0) */
     } else {
         r = listen_socket(&tcp_addr, len, backlog, &fd, &port);
     }
@@ -863,8 +968,12 @@ int rs_rc_listen(struct rs_soft_cm *cm, const struct sockaddr *addr, socklen_t l
     rs_soft_fd_listening(fd);
     l->local = default_local(cm->dev);
     rs_soft_cm_get(cm);
+    if (l->shared)
+        l->grace = rs_soft_timer_new(cm->dev, grace_cb, l);
     l->watch = rs_soft_watch_add(cm->dev, fd, RS_SOFT_EV_READ, listener_cb, l);
-    if (!l->watch) {
+    if (!l->watch || (l->shared && !l->grace)) {
+        rs_soft_watch_del(l->watch);
+        rs_soft_timer_free(l->grace);
         rs_soft_cm_put(cm);
         rs_soft_sys_close(fd);
         free(l);
@@ -890,6 +999,8 @@ static void listener_close_loop(void *arg)
     struct rs_rc_listener *l = arg;
     rs_soft_watch_del(l->watch);
     l->watch = NULL;
+    rs_soft_timer_free(l->grace);
+    l->grace = NULL;
     while (l->pending)
         pending_close(l->pending, true);
     if (l->park)

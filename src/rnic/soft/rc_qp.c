@@ -454,6 +454,7 @@ const struct rs_soft_rc_ops rs_soft_rc_ops = {
     .listener_addr = rs_rc_listener_addr,
     .listener_close = rs_rc_listener_close,
     .listener_park = rs_rc_listener_park,
+    .listener_intake = rs_rc_listener_intake,
     .connect = rs_rc_connect,
     .accept = rs_rc_accept,
     .reject = rs_rc_reject,

@@ -590,6 +590,7 @@ struct rs_soft_rc_ops {
     int (*listener_addr)(const struct rs_rnic_listener *listener, struct sockaddr_storage *out);
     void (*listener_close)(struct rs_rnic_listener *listener);
     void (*listener_park)(struct rs_rnic_listener *listener);
+    int (*listener_intake)(struct rs_rnic_listener *listener, unsigned want, uint32_t seen);
     int (*connect)(struct rs_soft_qp *qp, struct rs_soft_cm *cm, const struct sockaddr *dst, socklen_t len,
                    const void *private_data, uint32_t private_data_len, uint32_t timeout_ms);
     int (*accept)(struct rs_rnic_conn_request *request, struct rs_soft_qp *qp, struct rs_soft_cm *cm,
@@ -670,6 +671,7 @@ int rs_soft_listen(struct rs_rnic_cm *cm, const struct sockaddr *addr, socklen_t
                    struct rs_rnic_listener **out);
 int rs_soft_listener_addr(const struct rs_rnic_listener *listener, struct sockaddr_storage *out);
 void rs_soft_listener_park(struct rs_rnic_listener *listener);
+int rs_soft_listener_intake(struct rs_rnic_listener *listener, unsigned want, uint32_t seen);
 void rs_soft_listener_close(struct rs_rnic_listener *listener);
 int rs_soft_connect(struct rs_rnic_qp *qp, struct rs_rnic_cm *cm, const struct sockaddr *dst, socklen_t len,
                     const void *private_data, uint32_t private_data_len, uint32_t timeout_ms);

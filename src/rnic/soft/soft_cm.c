@@ -155,6 +155,11 @@ void rs_soft_listener_park(struct rs_rnic_listener *listener)
     rs_soft_rc_ops.listener_park(listener);
 }
 
+int rs_soft_listener_intake(struct rs_rnic_listener *listener, unsigned want, uint32_t seen)
+{
+    return rs_soft_rc_ops.listener_intake(listener, want, seen);
+}
+
 void rs_soft_listener_close(struct rs_rnic_listener *listener)
 {
     rs_soft_rc_ops.listener_close(listener);

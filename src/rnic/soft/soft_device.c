@@ -59,6 +59,7 @@ static const struct rs_rnic_ops soft_ops = {
     .listener_addr = rs_soft_listener_addr,
     .listener_close = rs_soft_listener_close,
     .listener_park = rs_soft_listener_park,
+    .listener_intake = rs_soft_listener_intake,
     .connect = rs_soft_connect,
     .accept = rs_soft_accept,
     .reject = rs_soft_reject,
