@@ -400,9 +400,10 @@ void rs_sdp_intake_start(struct rs_sdp_sock *l)
     rs_sdp_intake_update(l);
 }
 
-/* Listener lock held. One connection may come this way while the application asks for one (a thread in accept
- * found the queue empty, or the listener is in a poll set) and none is already on its way or queued: what the
- * kernel's shared backlog would give a process that accepts, and nothing a busy or exiting process would hold. */
+/* Listener lock held. One connection may come this way while the application asks for one (accept found the
+ * queue empty and has not taken a connection since, or a thread waits on the listener in poll, select or
+ * epoll_wait: POLLIN interest) and none is already on its way or queued: what the kernel's shared backlog would
+ * give a process that accepts, and nothing a busy or exiting process would hold. */
 void rs_sdp_intake_update(struct rs_sdp_sock *l)
 {
     if (!l->intake_paced || !l->listener)
