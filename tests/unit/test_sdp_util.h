@@ -198,6 +198,53 @@ static inline long check_pattern(const uint8_t *p, size_t len, uint32_t seed, ui
     return -1;
 }
 
+/*
+ * After check_pattern found byte `bad` of p[0, len) wrong (the stream at pos): says on stderr what is there
+ * instead, which tells a hole (still the canary), the sender's buffer reused too early (its fill byte), or bytes of
+ * another part of the stream (a late or repeated write: their stream offset, searched within 4 MiB), and how long
+ * the wrong run is.
+ */
+static inline void describe_mismatch(const uint8_t *p, size_t len, size_t bad, uint32_t seed, uint64_t pos,
+                                     int canary, int sender_fill)
+{
+    size_t end = bad;
+    while (end < len && p[end] != pattern_byte(seed, pos + end))
+        end++;
+    fprintf(stderr, "# mismatch at stream offset %llu (byte %zu of a read of %zu): %zu wrong bytes, then %s\n",
+            (unsigned long long)(pos + bad), bad, len, end - bad, end < len ? "right again" : "the read ends");
+    fprintf(stderr, "# got     :");
+    for (size_t i = bad; i < bad + 16 && i < len; i++)
+        fprintf(stderr, " %02x", p[i]);
+    fprintf(stderr, "\n# expected:");
+    for (size_t i = bad; i < bad + 16 && i < len; i++)
+        fprintf(stderr, " %02x", pattern_byte(seed, pos + i));
+    fprintf(stderr, "\n");
+    size_t run = end - bad < 16 ? end - bad : 16;
+    bool all_canary = run > 0, all_fill = run > 0;
+    for (size_t i = bad; i < bad + run; i++) {
+        all_canary = all_canary && p[i] == (uint8_t)canary;
+        all_fill = all_fill && p[i] == (uint8_t)sender_fill;
+    }
+    if (all_canary)
+        fprintf(stderr, "# the wrong bytes are the canary: nothing was written there\n");
+    if (all_fill)
+        fprintf(stderr, "# the wrong bytes are the sender's fill: its buffer was reused before the bytes left it\n");
+    if (run < 8 || all_canary || all_fill)
+        return;
+    uint64_t here = pos + bad, lo = here > (4u << 20) ? here - (4u << 20) : 0, hi = here + (4u << 20);
+    for (uint64_t o = lo; o < hi; o++) {
+        size_t k = 0;
+        while (k < run && p[bad + k] == pattern_byte(seed, o + k))
+            k++;
+        if (k == run) {
+            fprintf(stderr, "# they are the stream's bytes at offset %llu (%+lld from where they landed)\n",
+                    (unsigned long long)o, (long long)(o - here));
+            return;
+        }
+    }
+    fprintf(stderr, "# they are no part of the stream within 4 MiB\n");
+}
+
 static inline int wait_readable(int fd, int timeout_ms)
 {
     struct pollfd pfd = { .fd = fd, .events = POLLIN };

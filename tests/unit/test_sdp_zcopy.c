@@ -434,8 +434,10 @@ static void test_cancel_race_stress(void **state)
         if (n == 0)
             break;
         long bad = check_pattern(buf, (size_t)n, 28, pos);
-        if (bad >= 0)
+        if (bad >= 0) {
+            describe_mismatch(buf, (size_t)n, (size_t)bad, 28, pos, CANARY, 0xee);
             fail_msg("stream differs at %llu", (unsigned long long)(pos + (uint64_t)bad));
+        }
         /* nothing beyond what recv reported may have been written */
         check_canary(buf + n, len - (size_t)n);
         pos += (uint64_t)n;
