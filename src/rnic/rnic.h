@@ -83,6 +83,8 @@ struct rs_rnic_caps {
     bool has_xrc;                   /* XRC domains and XRC QPs (verbs, device capability) */
     bool has_write_with_imm;
     bool has_native_write_record;   /* soft: native; verbs: emulated (see docs) */
+    bool mr_pins_pages;             /* a memory region keeps the pages mapped when it was made (verbs without
+                                     * on-demand paging); the soft RNIC resolves addresses at each access */
 };
 
 /*

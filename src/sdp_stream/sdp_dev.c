@@ -138,7 +138,7 @@ static int dev_prepare(struct sdp_dev *d)
     r = rs_rnic_reg_mr(d->pd, d->ka_target, 64, RS_ACCESS_REMOTE_READ | RS_ACCESS_LOCAL_WRITE, &d->ka_mr);
     if (r != 0)
         return r;
-    d->cache = rs_sdp_regcache_new(d->pd);
+    d->cache = rs_sdp_regcache_new(d->pd, d->caps->mr_pins_pages);
     if (!d->cache)
         return -ENOMEM;
     return 0;

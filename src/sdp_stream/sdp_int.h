@@ -455,7 +455,7 @@ uint64_t rs_sdp_z_deadline(const struct rs_sdp_sock *s);
 void rs_sdp_z_timer(struct rs_sdp_sock *s, uint64_t now);
 
 /* ---- sdp_regcache.c ---- */
-struct sdp_regcache *rs_sdp_regcache_new(struct rs_rnic_pd *pd);
+struct sdp_regcache *rs_sdp_regcache_new(struct rs_rnic_pd *pd, bool pins_pages);
 /* A registration covering [addr, addr+len) with at least access; referenced until rs_sdp_reg_put. Its rkey is
  * valid (fresh key bits since the last rs_sdp_reg_revoke). */
 int rs_sdp_reg_get(struct sdp_regcache *c, void *addr, size_t len, unsigned access, struct sdp_reg **out,

@@ -13,6 +13,12 @@
  * layer calls it from its hooks of those functions before the real call. A registration in use by a transfer at
  * that moment is marked stale and deregistered when the transfer lets go. The soft RNIC resolves addresses at each
  * access, so it needs no hook, but gets the same treatment.
+ * No hook sees glibc's free() of a chunk it had mmapped (it unmaps through an internal alias), and the next malloc
+ * of that size commonly returns the same address with other pages: over verbs the peer then read the previous
+ * buffer, or wrote into pages the application no longer had, with no error anywhere (test_sdp_zcopy's cancel race
+ * over rxe, about one run in six; docs/interception-proc.md "What no interposer sees"). So on a device whose
+ * registrations pin pages (caps.mr_pins_pages) nothing is kept idle: a registration lives for its transfers and is
+ * deregistered when the last one lets go. The cache keeps its use there: two transfers of one buffer share it.
  *
  * Exposure: a registration's rkey gives the peer access to the application's memory. Each advertisement gets
  * fresh key bits (rs_rnic_mr_rekey) and loses remote access again (rs_rnic_mr_invalidate) as soon as the transfer
@@ -55,18 +61,20 @@ struct sdp_regcache {
     uint64_t bytes;
     struct { uintptr_t start, end; } seen[SEEN_SLOTS];
     unsigned seen_next;
+    bool pins_pages;                /* the device pins: nothing is kept idle (see the top of the file) */
 };
 
 static pthread_mutex_t caches_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct sdp_regcache *caches;
 
-struct sdp_regcache *rs_sdp_regcache_new(struct rs_rnic_pd *pd)
+struct sdp_regcache *rs_sdp_regcache_new(struct rs_rnic_pd *pd, bool pins_pages)
 {
     struct sdp_regcache *c = calloc(1, sizeof(*c));
     if (!c)
         return NULL;
     pthread_mutex_init(&c->lock, NULL);
     c->pd = pd;
+    c->pins_pages = pins_pages;
     pthread_mutex_lock(&caches_lock);
     c->next_cache = caches;
     caches = c;
@@ -221,7 +229,7 @@ void rs_sdp_reg_put(struct sdp_regcache *c, struct sdp_reg *r)
     /* Two transfers may share a registration (the same buffer on two sockets): access ends with the last. */
     if (--r->refs == 0) {
         rs_sdp_reg_revoke(r);
-        if (r->stale)
+        if (r->stale || c->pins_pages)
             reg_destroy(c, r);
     }
     pthread_mutex_unlock(&c->lock);

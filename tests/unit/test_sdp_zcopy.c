@@ -482,13 +482,15 @@ static void test_regcache_unmapped(void **state)
     assert_memory_equal(got, m, len);
     struct rs_sdp_stats s0 = sdp_stats(c);
     assert_int_equal(s0.src_avail_sent, 1);
-    /* same buffer again: the cached registration (a hit) */
+    /* same buffer again: the cached registration (a hit); a device that pins pages keeps nothing idle (no hook
+     * sees glibc's free() unmap a chunk, sdp_regcache.c), so there it is registered again (a miss) */
+    bool pins = sdp_kind() == RS_RNIC_KIND_VERBS;
     assert_int_equal(pthread_create(&t, NULL, reader_main, &r), 0);
     send_all(c, m, len);
     pthread_join(t, NULL);
     struct rs_sdp_stats s1 = sdp_stats(c);
-    assert_true(s1.regcache_hits == s0.regcache_hits + 1);
-    assert_true(s1.regcache_misses == s0.regcache_misses);
+    assert_true(s1.regcache_hits == s0.regcache_hits + (pins ? 0 : 1));
+    assert_true(s1.regcache_misses == s0.regcache_misses + (pins ? 1 : 0));
     /* unmapped and mapped again at the same address with other contents: the stale registration is gone */
     assert_int_equal(munmap(m, len), 0);
     rs_sdp_mem_unmapped(m, len);
