@@ -34,7 +34,8 @@
  * thread never frees the object under another; blocked calls woken by close return -EBADF.
  *
  * fork(): sockets do not survive into a child process (the progress thread and the RNIC context stay with the
- * parent). In the child every call on an inherited socket returns -EBADF; new sockets work.
+ * parent). In the child every call on an inherited socket returns -EBADF; new sockets work. A connection another
+ * process must use (fork, exec) is handed back to kernel TCP first: see Hand-back below.
  */
 #ifndef RS_SDP_STREAM_SDP_H
 #define RS_SDP_STREAM_SDP_H
@@ -124,6 +125,38 @@ void rs_sdp_exit_now(void);
 /* References for callers that share one socket between threads (see Lifetime above). */
 void rs_sdp_hold(struct rs_sdp_sock *s);
 void rs_sdp_release(struct rs_sdp_sock *s);
+
+/* ---- hand-back to kernel TCP (docs/sdp.md, "Hand-back") ----
+ *
+ * A connected SDP socket can continue as a kernel TCP connection between the same two processes, with no byte lost,
+ * duplicated or reordered: how a connection reaches a process that has no RDMA state for it (a forked child, a new
+ * image after exec). Either side may start it (rs_sdp_handback); the peer's rdmasock answers on its own (SuspComm /
+ * SuspCommAck on the QP, then a TCP connection the initiator listens for). When it is done, each side's kernel
+ * socket is the stream's continuation: the first bytes read from it are those its SDP socket had received and its
+ * application had not read yet, followed by what the peer's application sent and this side had not yet received.
+ * Both peers must have announced hand-back in the Hello (every rdmasock that has this call does).
+ *
+ * While a hand-back is under way, calls on the socket wait (nonblocking ones return -EAGAIN) and the mask is 0.
+ * Once it is done (rs_sdp_handed_back true), the mask is POLLIN | POLLOUT so that waiters wake up, and send, recv,
+ * shutdown, setsockopt, rs_sdp_inq and rs_sdp_outq return -EREMCHG: the caller takes the kernel fd
+ * (rs_sdp_take_handback_fd) and repeats the call on it. getsockopt still answers from the options the socket had,
+ * so the caller can copy them onto the kernel socket. A hand-back that fails resets the connection (-ECONNRESET to
+ * the application, as the kernel reports a connection that died).
+ */
+
+/*
+ * Starts a hand-back and waits for it, at most timeout_ms. Returns the kernel TCP socket (connected, blocking,
+ * close-on-exec; the caller owns it and sets the flags it wants), or: -EOPNOTSUPP (not a connected socket, or a
+ * peer without hand-back: nothing changed), -EPIPE / -ECONNRESET (the connection is over or was reset), -ETIMEDOUT
+ * (the peer did not answer: the connection is reset). Must not run on the progress thread (it waits for it).
+ * If the peer started a hand-back first, this waits for that one and returns its fd the same way.
+ */
+int rs_sdp_handback(struct rs_sdp_sock *s, int timeout_ms);
+/* True once the connection was handed back (by either side) and its kernel fd is ready. */
+bool rs_sdp_handed_back(struct rs_sdp_sock *s);
+/* The kernel fd of a handed-back connection, once (the caller owns it); -EAGAIN while a hand-back is under way,
+ * -ENOENT when there is none (never handed back, or already taken). */
+int rs_sdp_take_handback_fd(struct rs_sdp_sock *s);
 
 /* ---- readiness ---- */
 

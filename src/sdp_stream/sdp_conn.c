@@ -9,6 +9,8 @@
  * CM ERROR, AbortConn, a failed completion) is a reset: ECONNRESET for the application.
  */
 #include <errno.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <stdlib.h>
@@ -171,7 +173,7 @@ static void hello_fill(struct rs_sdp_sock *s, struct rs_sdp_hello *h)
     h->rcv_size = s->rbuf_size;
     h->port = addr_port(&s->local);
     h->has_ext = true;
-    h->ext_flags = RS_SDP_EXT_ZCOPY;
+    h->ext_flags = RS_SDP_EXT_ZCOPY | RS_SDP_EXT_HANDBACK;
     h->ka_rkey = s->dev->ka_mr->rkey;
     h->ka_addr = (uint64_t)(uintptr_t)s->dev->ka_target;
     s->adv_bufs = h->bsdh.bufs;
@@ -192,6 +194,7 @@ static int hello_apply(struct rs_sdp_sock *s, const struct rs_sdp_hello *h)
         s->peer_ack = 0;
     }
     s->peer_zcopy = h->has_ext && (h->ext_flags & RS_SDP_EXT_ZCOPY) && h->max_adverts > 0;
+    s->peer_handback = h->has_ext && (h->ext_flags & RS_SDP_EXT_HANDBACK);
     s->peer_ka_rkey = h->has_ext ? h->ka_rkey : 0;
     s->peer_ka_addr = h->ka_addr;
     s->stats.peer_buf_size = s->peer_rbuf_size;
@@ -329,6 +332,7 @@ static void child_inherit(struct rs_sdp_sock *c, const struct rs_sdp_sock *l)
     c->local = l->local;
     c->public_port = l->public_port;
     c->bound = true;
+    c->passive = true;
 }
 
 /* Listener lock held. Consumes the request (accepted or rejected); its Hello was checked. */
@@ -1158,6 +1162,10 @@ int rs_sdp_shutdown(struct rs_sdp_sock *s, int how)
     if (how != SHUT_RD && how != SHUT_WR && how != SHUT_RDWR)
         return -EINVAL;
     pthread_mutex_lock(&s->lock);
+    if (rs_sdp_hb_settle(s) != 0) {
+        pthread_mutex_unlock(&s->lock);
+        return -EREMCHG;
+    }
     rs_sdp_progress(s);
     if (s->state == SDP_ST_LISTEN && how != SHUT_WR) {
         /* Linux lets shutdown(SHUT_RD) stop a listener: blocked accepts return EINVAL. */
@@ -1284,7 +1292,14 @@ int rs_sdp_close(struct rs_sdp_sock *s)
     int r = 0;
     rs_sdp_progress(s);
     s->app_closed = true;
-    switch (s->state) {
+    if (s->hb.phase != SDP_HB_NONE) {
+        /* Handed back, or being: the kernel socket is the connection. One nobody took closes as the application's
+         * close would close it; one under way closes when it is done (sdp_handback.c). */
+        if (s->hb.fd >= 0) {
+            syscall(SYS_close, s->hb.fd);
+            s->hb.fd = -1;
+        }
+    } else switch (s->state) {
     case SDP_ST_IDLE:
         s->state = SDP_ST_CLOSED;
         break;

@@ -54,6 +54,16 @@
 #define SDP_DISPATCH_TICK_MS 2u                 /* how often held requests look at the table again */
 #define SDP_DISPATCH_MAX_HELD 64u
 #define SDP_FAMILY_CHECK_MS 1000u               /* a member looks this often whether its holder still lives */
+#define SDP_HB_RESPONDER_TIMEOUT_MS 10000u      /* a hand-back the peer started must be over within this */
+#define SDP_HB_BUF_FORCE (8u << 20)             /* kernel socket buffers asked for a hand-back's tails (root only) */
+
+/* Hand-back to kernel TCP (sdp_handback.c, docs/sdp.md). */
+enum sdp_hb_phase {
+    SDP_HB_NONE = 0,
+    SDP_HB_QUIESCE,         /* the application's calls wait; zero-copy transfers are being finished or cancelled */
+    SDP_HB_SUSPENDED,       /* our SuspComm / SuspCommAck is sent: nothing more goes on the QP but control messages */
+    SDP_HB_DONE,            /* the kernel socket continues the stream; calls answer -EREMCHG */
+};
 
 enum sdp_state {
     SDP_ST_IDLE,            /* created, maybe bound */
@@ -302,6 +312,18 @@ struct rs_sdp_sock {
     struct sdp_held *held;          /* holder: requests waiting for a member (SDP_DISPATCH_MAX_HELD) */
     uint32_t n_held;
     uint64_t fam_check_ms;          /* member: when to look whether the holder still lives */
+    /* hand-back (sdp_handback.c) */
+    bool peer_handback;             /* the peer announced RS_SDP_EXT_HANDBACK */
+    bool passive;                   /* accepted (not connected) side: yields when both start a hand-back */
+    struct {
+        enum sdp_hb_phase phase;
+        bool initiator;             /* we listen for the TCP connection; the peer connects */
+        bool suspend_sent;          /* our SuspComm (initiator) or SuspCommAck (responder) is on the QP */
+        bool ack_rcvd;              /* initiator: the peer's SuspCommAck arrived (all its data is in our ring) */
+        bool fd_taken;
+        uint64_t service_id;        /* token << 16 | port, as in the SuspComm */
+        int fd;                     /* the kernel socket once DONE (-1 before, or after it was taken) */
+    } hb;
     /* active side: redirects followed by the current connect */
     uint8_t redirects;
     struct sockaddr_storage dial;   /* where the current attempt goes (s->peer stays what the application named) */
@@ -453,6 +475,17 @@ void rs_sdp_z_flush_owed(struct rs_sdp_sock *s);
 void rs_sdp_z_on_write_complete(struct rs_sdp_sock *s, const struct rs_rnic_wc *wc);
 uint64_t rs_sdp_z_deadline(const struct rs_sdp_sock *s);
 void rs_sdp_z_timer(struct rs_sdp_sock *s, uint64_t now);
+
+/* ---- sdp_handback.c ---- */
+/* The peer's SuspComm (service_id) or SuspCommAck arrived; lock held (progress). */
+void rs_sdp_hb_on_suspend(struct rs_sdp_sock *s, uint64_t service_id);
+void rs_sdp_hb_on_suspend_ack(struct rs_sdp_sock *s);
+/* What the application's calls do during a hand-back: 0 = go on as usual; -EREMCHG = handed back; -EAGAIN /
+ * other = return that; 1 = wait (rs_sdp_wait_io) and look again. Lock held. */
+int rs_sdp_hb_gate(struct rs_sdp_sock *s, bool dontwait);
+/* For calls that do not block otherwise (shutdown, setsockopt, FIONREAD...): waits out a hand-back under way;
+ * -EREMCHG once handed back, else 0. Lock held. */
+int rs_sdp_hb_settle(struct rs_sdp_sock *s);
 
 /* ---- sdp_regcache.c ---- */
 struct sdp_regcache *rs_sdp_regcache_new(struct rs_rnic_pd *pd, bool pins_pages);

@@ -75,6 +75,10 @@ int rs_sdp_setsockopt(struct rs_sdp_sock *s, int level, int name, const void *va
         return r;
     int v = 0;
     pthread_mutex_lock(&s->lock);
+    if (rs_sdp_hb_settle(s) != 0) {
+        pthread_mutex_unlock(&s->lock);
+        return -EREMCHG;     /* the kernel socket takes options now */
+    }
     r = 0;
     if (level == SOL_SOCKET) {
         switch (name) {

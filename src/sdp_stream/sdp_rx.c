@@ -160,6 +160,20 @@ void rs_sdp_on_recv(struct rs_sdp_sock *s, const struct rs_rnic_wc *wc)
     case RS_SDP_MID_ABORT:
         rs_sdp_fail(s, ECONNRESET, false);
         return;
+    case RS_SDP_MID_SUSPEND:
+    case RS_SDP_MID_SUSPEND_ACK: {
+        uint64_t id = h.mid == RS_SDP_MID_SUSPEND ? rs_sdp_suspend_decode(buf) : 0;
+        rs_sdp_post_recv_buf(s, idx);
+        if (!s->peer_handback) {
+            protocol_error(s, "hand-back never announced, mid", h.mid);
+            return;
+        }
+        if (h.mid == RS_SDP_MID_SUSPEND)
+            rs_sdp_hb_on_suspend(s, id);
+        else
+            rs_sdp_hb_on_suspend_ack(s);
+        return;
+    }
     case RS_SDP_MID_SRC_AVAIL:
         rs_sdp_post_recv_buf(s, idx);
         if (s->disconn_rcvd) {
@@ -328,6 +342,27 @@ ssize_t rs_sdp_recvmsg(struct rs_sdp_sock *s, const struct iovec *iov, int iovcn
             result = -EBADF;
             break;
         }
+        int gate = rs_sdp_hb_gate(s, dontwait || copied > 0);
+        if (gate != 0) {
+            /* Handed back (or being): the queue is the kernel socket's now. Let go of it and stop here. */
+            if (own) {
+                s->rx_busy = false;
+                own = false;
+                s->dirty = true;
+            }
+            if (copied > 0)
+                break;
+            if (gate < 0) {
+                result = gate;
+                break;
+            }
+            r = rs_sdp_wait_io(s, false, deadline);
+            if (r != 0) {
+                result = r;
+                break;
+            }
+            continue;
+        }
         if (s->state == SDP_ST_IDLE || s->state == SDP_ST_LISTEN) {
             result = -ENOTCONN;
             break;
@@ -433,7 +468,8 @@ ssize_t rs_sdp_recvmsg(struct rs_sdp_sock *s, const struct iovec *iov, int iovcn
         s->rx_busy = false;
     if (copied > 0 && result >= 0)
         result = (ssize_t)copied;
-    if (result == -EAGAIN && copied == 0 && (s->rx_eof || s->state == SDP_ST_CLOSED) && s->rxq_count == 0)
+    if (result == -EAGAIN && copied == 0 && (s->rx_eof || s->state == SDP_ST_CLOSED) && s->rxq_count == 0 &&
+        s->hb.phase == SDP_HB_NONE)
         result = rs_sdp_take_error(s, 0);
     s->dirty = true;
     rs_sdp_progress(s);
@@ -458,6 +494,10 @@ int rs_sdp_inq(struct rs_sdp_sock *s)
     if (r != 0)
         return r;
     pthread_mutex_lock(&s->lock);
+    if (rs_sdp_hb_settle(s) != 0) {
+        pthread_mutex_unlock(&s->lock);
+        return -EREMCHG;
+    }
     rs_sdp_progress(s);
     uint64_t q = s->rx_bytes_queued;
     pthread_mutex_unlock(&s->lock);

@@ -127,6 +127,7 @@ struct rs_sdp_sock *rs_sdp_sock_alloc(int family, int kind)
     s->zcopy_opt = -1;
     s->zcopy_adaptive = true;
     s->tx_mseq_next = 1;
+    s->hb.fd = -1;
     return s;
 }
 
@@ -143,6 +144,8 @@ void rs_sdp_put(struct rs_sdp_sock *s)
     if (s->parent)
         rs_sdp_put(s->parent);
     sys_close(s->notify_fd);
+    if (s->hb.fd >= 0)
+        sys_close(s->hb.fd);        /* handed back, never taken */
     pthread_mutex_destroy(&s->lock);
     free(s);
 }
@@ -184,6 +187,9 @@ static uint32_t sndbuf_free(const struct rs_sdp_sock *s)
 unsigned rs_sdp_mask_locked(struct rs_sdp_sock *s)
 {
     unsigned m = 0;
+    /* Under way: nothing to report (waiters sleep); done: wake them all, the kernel socket answers now. */
+    if (s->hb.phase != SDP_HB_NONE)
+        return s->hb.phase == SDP_HB_DONE ? POLLIN | POLLOUT : 0;
     switch (s->state) {
     case SDP_ST_IDLE:
         m = POLLOUT | POLLHUP;

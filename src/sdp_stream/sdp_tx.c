@@ -84,6 +84,8 @@ int rs_sdp_post_msg(struct rs_sdp_sock *s, uint8_t mid, const struct rs_sdp_avai
         rs_sdp_avail_encode(&h, avail, hdr);
     else if (mid == RS_SDP_MID_RDMA_WR_COMPL || mid == RS_SDP_MID_RDMA_RD_COMPL)
         rs_sdp_compl_encode(&h, compl_len, hdr);
+    else if (mid == RS_SDP_MID_SUSPEND)
+        rs_sdp_suspend_encode(&h, s->hb.service_id, hdr);
     else
         rs_sdp_bsdh_encode(&h, hdr);
     struct rs_rnic_sge sge[3];
@@ -190,6 +192,8 @@ void rs_sdp_tx_push(struct rs_sdp_sock *s, bool force)
         !s->peer_rbuf_size)
         return;
     rs_sdp_z_flush_owed(s);
+    if (s->hb.phase >= SDP_HB_SUSPENDED)
+        return;     /* handed back: what is still in the ring continues over TCP (sdp_handback.c) */
     bool stalled = false;
     for (;;) {
         if (s->psink.active) {
@@ -350,6 +354,21 @@ ssize_t rs_sdp_sendmsg(struct rs_sdp_sock *s, const struct iovec *iov, int iovcn
             result = -EBADF;
             break;
         }
+        int gate = rs_sdp_hb_gate(s, dontwait || sent > 0);
+        if (gate != 0) {
+            if (sent > 0)
+                break;      /* what was taken is in the ring: it continues over TCP */
+            if (gate < 0) {
+                result = gate;
+                break;
+            }
+            r = rs_sdp_wait_io(s, false, deadline);
+            if (r != 0) {
+                result = r;
+                break;
+            }
+            continue;
+        }
         if (s->state == SDP_ST_IDLE || s->state == SDP_ST_LISTEN) {
             result = -ENOTCONN;
             break;
@@ -478,6 +497,10 @@ int rs_sdp_outq(struct rs_sdp_sock *s)
     if (r != 0)
         return r;
     pthread_mutex_lock(&s->lock);
+    if (rs_sdp_hb_settle(s) != 0) {
+        pthread_mutex_unlock(&s->lock);
+        return -EREMCHG;
+    }
     rs_sdp_progress(s);
     uint64_t q = s->tx_tail - s->tx_done;
     pthread_mutex_unlock(&s->lock);

@@ -104,14 +104,13 @@ int rs_sdp_msg_check(const uint8_t *buf, uint32_t byte_len, struct rs_sdp_bsdh *
     uint32_t hdr = rs_sdp_hdr_len(h->mid);
     if (hdr == 0)
         return -EPROTO;
-    /* The messages of the mode-change, buffer-resize and suspend families are legal SDP that rdmasock never
-     * negotiates (it always runs the combined mode with fixed buffers), so a peer sending them is not ours. */
+    /* The messages of the mode-change and buffer-resize families are legal SDP that rdmasock never negotiates (it
+     * always runs the combined mode with fixed buffers), so a peer sending them is not ours. SuspComm and
+     * SuspCommAck carry the hand-back (docs/sdp.md): the receiver checks that it was announced. */
     switch (h->mid) {
     case RS_SDP_MID_MODE_CHANGE:
     case RS_SDP_MID_CH_RCVBUF:
     case RS_SDP_MID_CH_RCVBUF_ACK:
-    case RS_SDP_MID_SUSPEND:
-    case RS_SDP_MID_SUSPEND_ACK:
         return -EPROTO;
     default:
         break;
@@ -262,6 +261,18 @@ int rs_sdp_hello_ack_decode(const uint8_t *buf, size_t len, struct rs_sdp_hello 
     size_t ext_off = RS_SDP_BSDH_LEN + RS_SDP_HAH_LEN;
     ext_decode(buf + ext_off, out->bsdh.len > ext_off ? out->bsdh.len - ext_off : 0, out);
     return 0;
+}
+
+void rs_sdp_suspend_encode(const struct rs_sdp_bsdh *h, uint64_t service_id, uint8_t *out)
+{
+    rs_sdp_bsdh_encode(h, out);
+    put32(out + RS_SDP_BSDH_LEN, (uint32_t)(service_id >> 32));
+    put32(out + RS_SDP_BSDH_LEN + 4, (uint32_t)service_id);
+}
+
+uint64_t rs_sdp_suspend_decode(const uint8_t *msg)
+{
+    return (uint64_t)get32(msg + RS_SDP_BSDH_LEN) << 32 | get32(msg + RS_SDP_BSDH_LEN + 4);
 }
 
 const char *rs_sdp_mid_name(uint8_t mid)

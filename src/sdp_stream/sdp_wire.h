@@ -86,6 +86,7 @@ struct rs_sdp_avail {           /* SrcAH / SinkAH */
 
 /* ext_flags */
 #define RS_SDP_EXT_ZCOPY 0x1u               /* sender understands SrcAvail/SinkAvail and their cancels */
+#define RS_SDP_EXT_HANDBACK 0x2u            /* sender can hand the connection back to TCP (SuspComm, docs/sdp.md) */
 
 struct rs_sdp_hello {
     struct rs_sdp_bsdh bsdh;
@@ -121,6 +122,12 @@ uint32_t rs_sdp_hdr_len(uint8_t mid);
  * h->len must already be the whole message length. */
 void rs_sdp_avail_encode(const struct rs_sdp_bsdh *h, const struct rs_sdp_avail *a, uint8_t *out);
 void rs_sdp_compl_encode(const struct rs_sdp_bsdh *h, uint32_t len, uint8_t *out);
+
+/* SuspComm (0x0D): the BSDH and the SCH, a big-endian u64 "service ID" (for the hand-back: token << 16 | TCP
+ * port, docs/sdp.md). decode reads it from a message rs_sdp_msg_check accepted. */
+#define RS_SDP_SCH_LEN 8u
+void rs_sdp_suspend_encode(const struct rs_sdp_bsdh *h, uint64_t service_id, uint8_t *out);
+uint64_t rs_sdp_suspend_decode(const uint8_t *msg);
 
 /* Hello / HelloAck; encode returns the length written (RS_SDP_HELLO_LEN / RS_SDP_HELLO_ACK_LEN). Decode accepts
  * longer private data (rdma_cm pads) and returns 0, -EPROTO (not SDP / wrong MID / unsupported major version) or

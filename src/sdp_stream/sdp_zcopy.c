@@ -456,6 +456,8 @@ ssize_t rs_sdp_z_send(struct rs_sdp_sock *s, const uint8_t *buf, size_t len, uin
         return 0;
     /* Stream order: what is already buffered goes first. */
     while (s->tx_posted != s->tx_tail || (!s->psink.active && !rs_sdp_can_send_data(s))) {
+        if (s->hb.phase != SDP_HB_NONE)
+            return 0;   /* a hand-back waits for this thread: lend nothing */
         rs_sdp_tx_push(s, true);
         rs_sdp_progress(s);
         if (s->broken || s->state != SDP_ST_CONNECTED)
@@ -511,7 +513,9 @@ ssize_t rs_sdp_z_send(struct rs_sdp_sock *s, const uint8_t *buf, size_t len, uin
         if (!s->zsrc.cancel_sent) {
             uint64_t idle_deadline = idle_from + SDP_SRCAVAIL_IDLE_MS;
             uint64_t d = deadline && deadline < idle_deadline ? deadline : idle_deadline;
-            if (now >= d || s->app_closed) {
+            if (now >= d || s->app_closed || s->hb.phase != SDP_HB_NONE) {
+                /* (A hand-back takes the advertisement back too: the bytes not read go by copy, and so over
+                 * TCP.) */
                 want_cancel = true;
                 if ((deadline && now >= deadline) || s->app_closed)
                     *interrupted = true;
@@ -682,9 +686,13 @@ ssize_t rs_sdp_z_sink_recv(struct rs_sdp_sock *s, uint8_t *buf, size_t len, uint
             wait_step(s, s->sink.cancel_deadline, false);
             continue;
         }
-        int r = wait_step(s, deadline, true);
-        if (r == -EINTR || r == -ETIMEDOUT || s->app_closed) {
-            *interrupted = true;
+        int r = s->hb.phase != SDP_HB_NONE ? 0 : wait_step(s, deadline, true);
+        if (s->hb.phase != SDP_HB_NONE && !s->sink.retired && !s->sink.dead) {
+            /* A hand-back: the sink is withdrawn like an interrupted one, without interrupting the call. */
+            r = -ECANCELED;
+        }
+        if (r == -EINTR || r == -ETIMEDOUT || r == -ECANCELED || s->app_closed) {
+            *interrupted = r != -ECANCELED;
             while (!s->sink.cancel_sent && !s->broken && !s->sink.retired && !s->sink.dead) {
                 if (post_ctrl(s, RS_SDP_MID_SINK_CANCEL, 0)) {
                     s->sink.cancel_sent = true;

@@ -79,6 +79,28 @@ static void test_avail_and_compl_bytes(void **state)
     assert_int_equal(cl, 0xabcdef);
 }
 
+/* SuspComm (hand-back): the SCH is the big-endian service ID, token << 16 | TCP port; SuspCommAck is a bare BSDH. */
+static void test_suspend_bytes(void **state)
+{
+    (void)state;
+    uint8_t out[32];
+    struct rs_sdp_bsdh h = { .mid = RS_SDP_MID_SUSPEND, .bufs = 3, .len = 24, .mseq = 9, .mseq_ack = 8 };
+    rs_sdp_suspend_encode(&h, 0x0102030405064e21ull, out);
+    const uint8_t sch[8] = { 0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x4e, 0x21 };
+    assert_int_equal(out[0], 0x0d);
+    assert_memory_equal(out + 16, sch, 8);
+    assert_int_equal(rs_sdp_hdr_len(RS_SDP_MID_SUSPEND), 24);
+    struct rs_sdp_bsdh d;
+    assert_int_equal(rs_sdp_msg_check(out, 24, &d, NULL, NULL), 0);
+    assert_true(rs_sdp_suspend_decode(out) == 0x0102030405064e21ull);
+    assert_int_not_equal(rs_sdp_msg_check(out, 16, &d, NULL, NULL), 0);     /* the SCH is missing */
+    h.mid = RS_SDP_MID_SUSPEND_ACK;
+    h.len = 16;
+    rs_sdp_bsdh_encode(&h, out);
+    assert_int_equal(rs_sdp_msg_check(out, 16, &d, NULL, NULL), 0);
+    assert_string_equal(rs_sdp_mid_name(0x0d), "SuspComm");
+}
+
 static void test_msg_check_rejects(void **state)
 {
     (void)state;
@@ -97,8 +119,8 @@ static void test_msg_check_rejects(void **state)
     h.len = 16;
     rs_sdp_bsdh_encode(&h, buf);
     assert_int_equal(rs_sdp_msg_check(buf, 16, &d, NULL, NULL), 0);
-    /* unknown MIDs, Hello on the QP, modes rdmasock never negotiates */
-    const uint8_t bad_mids[] = { 0x00, 0x01, 0x07, 0x0b, 0x0d, 0x0f, 0x40, 0x80, 0xfc };
+    /* unknown MIDs, Hello on the QP, modes rdmasock never negotiates (SuspComm: test_suspend_bytes) */
+    const uint8_t bad_mids[] = { 0x00, 0x01, 0x07, 0x0b, 0x0f, 0x40, 0x80, 0xfc };
     for (size_t i = 0; i < sizeof(bad_mids); i++) {
         h.mid = bad_mids[i];
         rs_sdp_bsdh_encode(&h, buf);
@@ -339,6 +361,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bsdh_bytes),
         cmocka_unit_test(test_avail_and_compl_bytes),
+        cmocka_unit_test(test_suspend_bytes),
         cmocka_unit_test(test_msg_check_rejects),
         cmocka_unit_test(test_hello_fits_rdma_cm),
         cmocka_unit_test(test_hello_ack),
