@@ -21,7 +21,7 @@ source "$RS_TOP/tests/lib/vm_relay.sh"
 
 VM_TOOL=$RS_TOP/tools/vm/vm
 OUT=$RS_BUILD/test-logs/vm_sdp
-BINARIES=(test_sdp test_sdp_zcopy test_sdp_stress)
+BINARIES=(test_sdp test_sdp_zcopy test_sdp_stress test_sdp_handback)
 STRESS_BYTES=${RS_SDP_VM_STRESS_BYTES:-256M}
 MIN_MIB=${RS_SDP_VM_MIN_MIB:-256}
 started=$SECONDS
