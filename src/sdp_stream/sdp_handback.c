@@ -41,9 +41,6 @@
 #include "common/log.h"
 #include "sdp_stream/sdp_int.h"
 
-#define HB_MAGIC 0x52534842u            /* "RSHB" */
-#define HB_VERSION 1u
-#define HB_HDR_LEN 24u
 
 /* ---- raw system calls: the interception layer interposes the libc ones ---- */
 
@@ -193,32 +190,6 @@ static void set_blocking(int fd)
         (void)syscall(SYS_fcntl, fd, F_SETFL, fl & ~(long)O_NONBLOCK);
 }
 
-static void hdr_encode(uint8_t out[HB_HDR_LEN], uint64_t token, uint64_t residue)
-{
-    memset(out, 0, HB_HDR_LEN);
-    for (int i = 0; i < 4; i++)
-        out[i] = (uint8_t)(HB_MAGIC >> (24 - 8 * i));
-    out[4] = HB_VERSION;
-    for (int i = 0; i < 8; i++) {
-        out[8 + i] = (uint8_t)(token >> (56 - 8 * i));
-        out[16 + i] = (uint8_t)(residue >> (56 - 8 * i));
-    }
-}
-
-static int hdr_decode(const uint8_t in[HB_HDR_LEN], uint64_t token, uint64_t *residue)
-{
-    uint32_t magic = (uint32_t)in[0] << 24 | (uint32_t)in[1] << 16 | (uint32_t)in[2] << 8 | in[3];
-    uint64_t t = 0, r = 0;
-    for (int i = 0; i < 8; i++) {
-        t = t << 8 | in[8 + i];
-        r = r << 8 | in[16 + i];
-    }
-    if (magic != HB_MAGIC || in[4] != HB_VERSION || t != token || r > SDP_MAX_BUFSPACE * 2ull)
-        return -EPROTO;
-    *residue = r;
-    return 0;
-}
-
 /* ---- the stream state at the suspension point ---- */
 
 struct hb_tail {
@@ -353,7 +324,7 @@ static void *responder_main(void *arg)
     struct rs_sdp_sock *s = arg;
     struct hb_tail t = { 0 };
     int fd = -1;
-    uint8_t hdr[HB_HDR_LEN];
+    uint8_t hdr[RS_SDP_HB_HDR_LEN];
     uint8_t *peer_residue = NULL;
     uint64_t deadline = rs_sdp_now_ms() + SDP_HB_RESPONDER_TIMEOUT_MS;
     pthread_mutex_lock(&s->lock);
@@ -376,7 +347,7 @@ static void *responder_main(void *arg)
     if (r == 0)
         fd = r = connect_tcp(&peer, port, deadline);
     if (r >= 0) {
-        hdr_encode(hdr, token, t.residue);
+        rs_sdp_hb_hdr_encode(hdr, token, t.residue);
         r = write_all(fd, hdr, sizeof(hdr), deadline);
     }
     if (r >= 0)
@@ -385,7 +356,7 @@ static void *responder_main(void *arg)
     if (r >= 0)
         r = read_exact(fd, hdr, sizeof(hdr), deadline);
     if (r >= 0)
-        r = hdr_decode(hdr, token, &peer_len);
+        r = rs_sdp_hb_hdr_decode(hdr, sizeof(hdr), token, &peer_len);
     if (r >= 0 && !(peer_residue = malloc(peer_len + 1)))
         r = -ENOMEM;
     if (r >= 0)
@@ -520,7 +491,7 @@ int rs_sdp_handback(struct rs_sdp_sock *s, int timeout_ms)
     pthread_mutex_unlock(&s->lock);
 
     int fd = -1;
-    uint8_t hdr[HB_HDR_LEN];
+    uint8_t hdr[RS_SDP_HB_HDR_LEN];
     uint64_t peer_len = 0;
     uint8_t *peer_residue = NULL;
     r = hb_poll(lfd, POLLIN, deadline);
@@ -529,13 +500,13 @@ int rs_sdp_handback(struct rs_sdp_sock *s, int timeout_ms)
     if (r >= 0)
         r = read_exact(fd, hdr, sizeof(hdr), deadline);
     if (r >= 0)
-        r = hdr_decode(hdr, token, &peer_len);
+        r = rs_sdp_hb_hdr_decode(hdr, sizeof(hdr), token, &peer_len);
     if (r >= 0 && !(peer_residue = malloc(peer_len + 1)))
         r = -ENOMEM;
     if (r >= 0)
         r = read_exact(fd, peer_residue, peer_len, deadline);
     if (r >= 0) {
-        hdr_encode(hdr, token, t.residue);
+        rs_sdp_hb_hdr_encode(hdr, token, t.residue);
         r = write_all(fd, hdr, sizeof(hdr), deadline);
     }
     if (r >= 0)

@@ -275,6 +275,29 @@ uint64_t rs_sdp_suspend_decode(const uint8_t *msg)
     return (uint64_t)get32(msg + RS_SDP_BSDH_LEN) << 32 | get32(msg + RS_SDP_BSDH_LEN + 4);
 }
 
+void rs_sdp_hb_hdr_encode(uint8_t out[RS_SDP_HB_HDR_LEN], uint64_t token, uint64_t residue)
+{
+    memset(out, 0, RS_SDP_HB_HDR_LEN);
+    put32(out, RS_SDP_HB_MAGIC);
+    out[4] = RS_SDP_HB_VERSION;
+    put32(out + 8, (uint32_t)(token >> 32));
+    put32(out + 12, (uint32_t)token);
+    put32(out + 16, (uint32_t)(residue >> 32));
+    put32(out + 20, (uint32_t)residue);
+}
+
+int rs_sdp_hb_hdr_decode(const uint8_t *in, size_t len, uint64_t token, uint64_t *residue)
+{
+    if (len < RS_SDP_HB_HDR_LEN)
+        return -EBADMSG;
+    uint64_t t = (uint64_t)get32(in + 8) << 32 | get32(in + 12);
+    uint64_t r = (uint64_t)get32(in + 16) << 32 | get32(in + 20);
+    if (get32(in) != RS_SDP_HB_MAGIC || in[4] != RS_SDP_HB_VERSION || t != token || r > RS_SDP_HB_MAX_RESIDUE)
+        return -EPROTO;
+    *residue = r;
+    return 0;
+}
+
 const char *rs_sdp_mid_name(uint8_t mid)
 {
     switch (mid) {

@@ -129,6 +129,16 @@ void rs_sdp_compl_encode(const struct rs_sdp_bsdh *h, uint32_t len, uint8_t *out
 void rs_sdp_suspend_encode(const struct rs_sdp_bsdh *h, uint64_t service_id, uint8_t *out);
 uint64_t rs_sdp_suspend_decode(const uint8_t *msg);
 
+/* The hand-back's TCP header (docs/sdp.md, "Hand-back"), 24 bytes: magic "RSHB", version 1, 3 reserved, the token
+ * (u64), the sender's residue length (u64), big-endian. decode: 0, or -EPROTO (not ours, wrong token, a length no
+ * ring can hold) / -EBADMSG (short). */
+#define RS_SDP_HB_HDR_LEN 24u
+#define RS_SDP_HB_MAGIC 0x52534842u         /* "RSHB" */
+#define RS_SDP_HB_VERSION 1u
+#define RS_SDP_HB_MAX_RESIDUE (128ull << 20)
+void rs_sdp_hb_hdr_encode(uint8_t out[RS_SDP_HB_HDR_LEN], uint64_t token, uint64_t residue);
+int rs_sdp_hb_hdr_decode(const uint8_t *in, size_t len, uint64_t token, uint64_t *residue);
+
 /* Hello / HelloAck; encode returns the length written (RS_SDP_HELLO_LEN / RS_SDP_HELLO_ACK_LEN). Decode accepts
  * longer private data (rdma_cm pads) and returns 0, -EPROTO (not SDP / wrong MID / unsupported major version) or
  * -EBADMSG (too short). */

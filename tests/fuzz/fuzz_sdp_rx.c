@@ -82,6 +82,11 @@ static uint32_t be32(const uint8_t *p)
     return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
 }
 
+static uint64_t be64(const uint8_t *p)
+{
+    return (uint64_t)be32(p) << 32 | be32(p + 4);
+}
+
 static void put_be32(uint8_t *p, uint32_t v)
 {
     p[0] = (uint8_t)(v >> 24);
@@ -141,6 +146,19 @@ static void fuzz_private_data(const uint8_t *data, size_t size)
             abort();
         check_hello_roundtrip(&h, true);
     }
+    /* The hand-back's TCP header, with the token it carries (a wrong one is refused: checked below). */
+    uint64_t residue = 0;
+    uint64_t token = size >= 16 ? be64(pd + 8) : 0;
+    r = rs_sdp_hb_hdr_decode(pd, size, token, &residue);
+    if (r != 0 && r != -EPROTO && r != -EBADMSG)
+        abort();
+    if (r == 0) {
+        uint8_t again[RS_SDP_HB_HDR_LEN];
+        rs_sdp_hb_hdr_encode(again, token, residue);
+        if (size < RS_SDP_HB_HDR_LEN || memcmp(again, pd, 5) != 0 || memcmp(again + 8, pd + 8, 16) != 0 ||
+            residue > RS_SDP_HB_MAX_RESIDUE || rs_sdp_hb_hdr_decode(pd, size, token ^ 1, &residue) != -EPROTO)
+            abort();
+    }
     free(pd);
 }
 
@@ -168,8 +186,12 @@ static bool reference_valid(const uint8_t *m, uint32_t n)
         return n == 32 && be32(m + 16) != 0;
     case RS_SDP_MID_SINK_AVAIL:
         return n == 36 && be32(m + 16) != 0;
+    case RS_SDP_MID_SUSPEND:
+        return n == 24;     /* the SCH; whether the peer may send it is the receiver's check */
+    case RS_SDP_MID_SUSPEND_ACK:
+        return n == 16;
     default:
-        return false;   /* Hello/HelloAck on the QP, the mode-change, resize and suspend families, unknown */
+        return false;   /* Hello/HelloAck on the QP, the mode-change and resize families, unknown */
     }
 }
 

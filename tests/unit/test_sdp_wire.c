@@ -99,6 +99,20 @@ static void test_suspend_bytes(void **state)
     rs_sdp_bsdh_encode(&h, out);
     assert_int_equal(rs_sdp_msg_check(out, 16, &d, NULL, NULL), 0);
     assert_string_equal(rs_sdp_mid_name(0x0d), "SuspComm");
+
+    /* the TCP header that follows it: token and residue length, refused with another token or a silly length */
+    uint8_t hb[RS_SDP_HB_HDR_LEN];
+    rs_sdp_hb_hdr_encode(hb, 0x123456789abcull, 70000);
+    const uint8_t hb_bytes[24] = { 'R', 'S', 'H', 'B', 1, 0, 0, 0, 0, 0, 0x12, 0x34, 0x56, 0x78, 0x9a, 0xbc,
+                                   0, 0, 0, 0, 0, 0x01, 0x11, 0x70 };
+    assert_memory_equal(hb, hb_bytes, 24);
+    uint64_t residue = 0;
+    assert_int_equal(rs_sdp_hb_hdr_decode(hb, 24, 0x123456789abcull, &residue), 0);
+    assert_int_equal(residue, 70000);
+    assert_int_equal(rs_sdp_hb_hdr_decode(hb, 24, 0x123456789abdull, &residue), -EPROTO);
+    assert_int_equal(rs_sdp_hb_hdr_decode(hb, 23, 0x123456789abcull, &residue), -EBADMSG);
+    rs_sdp_hb_hdr_encode(hb, 7, RS_SDP_HB_MAX_RESIDUE + 1);
+    assert_int_equal(rs_sdp_hb_hdr_decode(hb, 24, 7, &residue), -EPROTO);
 }
 
 static void test_msg_check_rejects(void **state)
