@@ -425,6 +425,25 @@ void rs_sdp_intake_update(struct rs_sdp_sock *l)
 
 /* ---- the family's dispatcher (sdp_family.c) ---- */
 
+/* Listener lock held. A member whose application waits for a connection in poll, select or epoll_wait (an event
+ * loop: Apache's event MPM, nginx) rather than in accept is waiting too: the dispatcher may send it the next
+ * connection. When the wait ends it counts as busy until accept finds the queue empty again (or the next wait):
+ * a process that stops polling its listener (all its workers busy) gets nothing. */
+static void family_follow_polling(struct rs_sdp_sock *l)
+{
+    if (!l->fam || l->fam_holder)
+        return;
+    bool polling = l->state == SDP_ST_LISTEN && !l->app_closed && l->interest_count[0] > 0 && l->children == 0 &&
+                   !l->acceptq_head;
+    if (polling == l->fam_polling)
+        return;
+    l->fam_polling = polling;
+    if (polling)
+        rs_sdp_family_set_state(l->fam, l->fam_slot, RS_SDP_MEMBER_WAITING, rs_sdp_now_ms());
+    else if (!l->intake_want)       /* (an accept that found nothing still waits, or loops back soon) */
+        rs_sdp_family_set_state(l->fam, l->fam_slot, RS_SDP_MEMBER_BUSY, rs_sdp_now_ms());
+}
+
 /* Does the holder's own application wait for a connection? It does while a thread is in accept, or while it has
  * the listener in a poll set (an event loop that accepts when told). */
 static bool holder_waits(struct rs_sdp_sock *l)
@@ -1041,8 +1060,10 @@ static void progress_step(struct rs_sdp_sock *s, bool with_cm)
         rs_sdp_credit_update_check(s);
     }
     rs_sdp_maybe_finish(s);
-    if (s->state == SDP_ST_LISTEN)
+    if (s->state == SDP_ST_LISTEN) {
         rs_sdp_intake_update(s);
+        family_follow_polling(s);
+    }
     if (s->dirty) {
         s->dirty = false;
         rs_sdp_signal(s);

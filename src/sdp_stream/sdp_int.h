@@ -312,6 +312,7 @@ struct rs_sdp_sock {
     struct sdp_held *held;          /* holder: requests waiting for a member (SDP_DISPATCH_MAX_HELD) */
     uint32_t n_held;
     uint64_t fam_check_ms;          /* member: when to look whether the holder still lives */
+    bool fam_polling;               /* member: counted as waiting because a thread polls the listener */
     /* hand-back (sdp_handback.c) */
     bool peer_handback;             /* the peer announced RS_SDP_EXT_HANDBACK */
     bool passive;                   /* accepted (not connected) side: yields when both start a hand-back */

@@ -145,6 +145,38 @@ static void member_main(const struct sockaddr_in *addr, int conns, int ready_fd)
     _exit(0);
 }
 
+/* A member shaped like an event loop (Apache's event MPM): it waits for its listener in poll, with POLLIN interest
+ * as epoll_wait registers it, and accepts once per readiness, never until EAGAIN. */
+static void event_member_main(const struct sockaddr_in *addr, int conns, int ready_fd)
+{
+    struct rs_sdp_sock *l;
+    if (rs_sdp_socket(AF_INET, sdp_kind(), RS_SDP_NONBLOCK, &l) != 0 ||
+        rs_sdp_bind(l, (const struct sockaddr *)addr, sizeof(*addr)) != 0 || rs_sdp_listen(l, 16) != 0)
+        _exit(2);
+    char c = 'r';
+    if (write(ready_fd, &c, 1) != 1)
+        _exit(4);
+    for (int i = 0; i < conns;) {
+        rs_sdp_interest(l, POLLIN, 1);
+        while (!(rs_sdp_poll(l) & POLLIN))
+            wait_readable(rs_sdp_fd(l), 100);
+        rs_sdp_interest(l, POLLIN, -1);
+        struct rs_sdp_sock *a;
+        if (rs_sdp_accept(l, 0, &a, NULL, NULL) != 0)
+            continue;
+        struct reply r = { getpid(), 0 };
+        if (rs_sdp_send(a, &r, sizeof(r), MSG_NOSIGNAL) != (ssize_t)sizeof(r))
+            _exit(6);
+        char b;
+        while (rs_sdp_recv(a, &b, 1, 0) > 0) {
+        }
+        rs_sdp_close(a);
+        i++;
+    }
+    rs_sdp_close(l);
+    _exit(0);
+}
+
 static pid_t spawn_member(const struct sockaddr_in *addr, int conns, int ready_fd)
 {
     pid_t pid = fork();
@@ -241,6 +273,39 @@ static void test_idle_connection_does_not_block_the_next(void **state)
     struct rs_sdp_sock *none;
     assert_int_equal(rs_sdp_set_nonblock(l, true), 0);
     assert_int_equal(rs_sdp_accept(l, 0, &none, NULL, NULL), -EAGAIN);
+    close(pipefd[0]);
+    close(pipefd[1]);
+    rs_sdp_close(l);
+}
+
+/* A member that waits in poll/epoll rather than in accept counts as waiting: each connection goes to it at once
+ * (before, it counted as busy after its first accept and every later connection waited SDP_DISPATCH_HOLD_MS:
+ * Apache's event MPM over verbs ran out of time so). */
+static void test_event_loop_member_served_at_once(void **state)
+{
+    (void)state;
+    struct sockaddr_in addr;
+    struct rs_sdp_sock *l = dispatcher(&addr);
+    int pipefd[2];
+    assert_int_equal(pipe(pipefd), 0);
+    pid_t m = fork();
+    assert_true(m >= 0);
+    if (m == 0)
+        event_member_main(&addr, 4, pipefd[1]);
+    wait_ready(pipefd[0], 1);
+    wait_members_waiting(l, 1);
+    for (int i = 0; i < 4; i++) {
+        struct reply r;
+        uint64_t t0 = now_ms();
+        struct rs_sdp_sock *c = client_to(&addr, &r);
+        uint64_t took = now_ms() - t0;
+        assert_int_equal(r.pid, m);
+        if (took >= SDP_DISPATCH_HOLD_MS)
+            fail_msg("connection %d waited %llu ms for a member that polls its listener", i,
+                     (unsigned long long)took);
+        rs_sdp_close(c);
+    }
+    reap(m);
     close(pipefd[0]);
     close(pipefd[1]);
     rs_sdp_close(l);
@@ -405,6 +470,7 @@ int main(void)
         cmocka_unit_test(test_table_pick_and_dead_members),
         cmocka_unit_test(test_redirect_wire),
         cmocka_unit_test(test_idle_connection_does_not_block_the_next),
+        cmocka_unit_test(test_event_loop_member_served_at_once),
         cmocka_unit_test(test_connect_before_any_member_listens),
         cmocka_unit_test(test_holder_that_waits_accepts_itself),
         cmocka_unit_test(test_dead_member_swallows_nothing),

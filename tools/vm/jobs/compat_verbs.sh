@@ -21,7 +21,7 @@ export COMPAT_SOCKPERF_VARIANTS=${COMPAT_SOCKPERF_VARIANTS:-e}
 # Compiled on the host by the suite: the guest sees the build folder read-only.
 export COMPAT_JAVA_CLASSES=${COMPAT_JAVA_CLASSES:-$RS_BUILD/java}
 
-programs=${RS_VM_COMPAT_ONLY:-iperf3 sockperf redis memcached nginx socat apache2-prefork mariadb}
+programs=${RS_VM_COMPAT_ONLY:-iperf3 sockperf redis memcached nginx socat apache2-prefork apache2-event mariadb curl java}
 
 rdma link show > "$RS_VM_OUT/rdma_link.txt" 2>&1
 
