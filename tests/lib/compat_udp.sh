@@ -411,10 +411,14 @@ compat_udp_check_sipp() {
     compat_udp_lines \
         "sipp: built-in uac scenario against the built-in uas, $n calls over UDP at $rate calls/s (INVITE, 100, 180, 200, ACK, BYE, 200): both ends count $n successful calls and 0 failed"
     compat_program sipp "${COMPAT_UDP_DECLARED[@]}" || { compat_program_end; return; }
-    local mode
+    local mode attempt
     for mode in $COMPAT_UDP_MODES; do
-        COMPAT_UDP_MODE=$mode
-        local port cport status uas=sipp-$mode-uas uac=sipp-$mode-uac
+      COMPAT_UDP_MODE=$mode
+      # A second try only when the first one failed under overload: sipp's own watchdog tripped (its timers ran
+      # late), so its UDP retransmissions were legitimate and a late duplicate answer aborted a call (sipp's default
+      # on an unexpected message). That is SIP on a starved machine (TCG), not a datagram rdmasock lost or made.
+      for attempt in 1 2; do
+        local port cport status uas=sipp-$mode-uas uac=sipp-$mode-uac verdict=1
         compat_udp_port port
         compat_udp_port cport
         compat_udp_watch_start
@@ -434,13 +438,24 @@ compat_udp_check_sipp() {
             ok_s=$(compat_udp_sipp_stat "$COMPAT_DIR/$uas.csv" 'SuccessfulCall(C)')
             fail_s=$(compat_udp_sipp_stat "$COMPAT_DIR/$uas.csv" 'FailedCall(C)')
             [[ $status == 0 && $uas_status == 0 && $ok_c == "$n" && $fail_c == 0 && $ok_s == "$n" && $fail_s == 0 ]]
-            compat_verdict $? "uac exit $status (successful ${ok_c:-?}, failed ${fail_c:-?}); uas exit $uas_status (successful ${ok_s:-?}, failed ${fail_s:-?}); want $n and 0 at both" \
+            verdict=$?
+            if ((verdict != 0 && attempt == 1)) && grep -qi 'watchdog' "$COMPAT_DIR/$uac.errors" "$COMPAT_DIR/$uac.out" 2>/dev/null; then
+                tap_diag "sipp ($mode): uac exit $status (successful ${ok_c:-?}, failed ${fail_c:-?}) with sipp's watchdog tripped (overloaded machine): once more"
+                compat_stop "$uas" KILL 5
+                for f in "$uac.errors" "$uas.errors" "$uac.csv" "$uas.csv"; do
+                    [[ -f $COMPAT_DIR/$f ]] && mv "$COMPAT_DIR/$f" "$COMPAT_DIR/$f.try1"
+                done
+                continue
+            fi
+            compat_verdict $verdict "uac exit $status (successful ${ok_c:-?}, failed ${fail_c:-?}); uas exit $uas_status (successful ${ok_s:-?}, failed ${fail_s:-?}); want $n and 0 at both" \
                 "$(compat_diag "$uac.errors" "$uas.errors" "$uac.out" "$uas.log")"
         fi
         # Both ends have exited: their counters are in the snapshots taken while they ran. The SIP messages of
         # the calls are some 2 KB per call each way; a tenth of the calls' worth is the floor.
         compat_udp_evidence "$port,$cport" $((n * 200))
         compat_stop "$uas" KILL 5
+        break
+      done
     done
     compat_udp_summary | while IFS= read -r l; do tap_diag "$l"; done
     compat_program_end
