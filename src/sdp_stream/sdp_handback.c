@@ -432,6 +432,31 @@ void rs_sdp_hb_on_suspend_ack(struct rs_sdp_sock *s)
 
 /* ---- the initiator ---- */
 
+/* The responder's connection, told by its header; anyone else who connects to the port meanwhile is dropped. */
+static int accept_peer(int lfd, uint64_t token, uint64_t *peer_len, uint64_t deadline_ms)
+{
+    for (;;) {
+        int r = hb_poll(lfd, POLLIN, deadline_ms);
+        if (r < 0)
+            return r;
+        int fd = (int)sys_ret(syscall(SYS_accept4, lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC));
+        if (fd == -EAGAIN || fd == -ECONNABORTED || fd == -EINTR)
+            continue;
+        if (fd < 0)
+            return fd;
+        uint8_t hdr[RS_SDP_HB_HDR_LEN];
+        r = read_exact(fd, hdr, sizeof(hdr), deadline_ms);
+        if (r == 0)
+            r = rs_sdp_hb_hdr_decode(hdr, sizeof(hdr), token, peer_len);
+        if (r == 0)
+            return fd;
+        hb_close(fd);
+        if (r == -ETIMEDOUT)
+            return r;
+        RS_DEBUG("sdp: hand-back port: dropped a connection that is not the peer's (%d)", r);
+    }
+}
+
 int rs_sdp_handback(struct rs_sdp_sock *s, int timeout_ms)
 {
     int r = rs_sdp_check_epoch(s);
@@ -494,13 +519,8 @@ int rs_sdp_handback(struct rs_sdp_sock *s, int timeout_ms)
     uint8_t hdr[RS_SDP_HB_HDR_LEN];
     uint64_t peer_len = 0;
     uint8_t *peer_residue = NULL;
-    r = hb_poll(lfd, POLLIN, deadline);
-    if (r == 0)
-        fd = r = (int)sys_ret(syscall(SYS_accept4, lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC));
-    if (r >= 0)
-        r = read_exact(fd, hdr, sizeof(hdr), deadline);
-    if (r >= 0)
-        r = rs_sdp_hb_hdr_decode(hdr, sizeof(hdr), token, &peer_len);
+    fd = accept_peer(lfd, token, &peer_len, deadline);
+    r = fd;
     if (r >= 0 && !(peer_residue = malloc(peer_len + 1)))
         r = -ENOMEM;
     if (r >= 0)
