@@ -151,9 +151,13 @@ static void check_residues(bool passive_starts)
     struct rs_sdp_stats cs = sdp_stats(c);
     assert_true(rs_sdp_outq(c) > 0);    /* bytes not yet acknowledged: some were never sent */
     struct rs_sdp_sock *init = passive_starts ? s : c, *resp = passive_starts ? c : s;
+    uint64_t t0 = now_us();
     int fd_init = rs_sdp_handback(init, HB_TIMEOUT_MS);
     if (fd_init < 0)
         fail_msg("rs_sdp_handback: %s", strerror(-fd_init));
+    print_message("# hand-back with %llu + %llu bytes pending took %llu us\n",
+                  (unsigned long long)(c2s.pos - c2s_rx.pos), (unsigned long long)(s2c.pos - s2c_rx.pos),
+                  (unsigned long long)(now_us() - t0));
     int fd_resp = take_fd(resp);
     check_kernel_socket(fd_init);
     check_kernel_socket(fd_resp);
