@@ -114,7 +114,8 @@ enum rs_reason {
     RS_REASON_PEER_NOT_RDMASOCK = 14,       /* peer does not speak the rdmasock handshake */
     RS_REASON_LOOPBACK = 15,                /* loopback/local peer kept on the kernel */
     RS_REASON_INTERNAL_ERROR = 16,          /* bug or unexpected failure in rdmasock */
-    RS_REASON_COUNT = 17,                   /* first unassigned number */
+    RS_REASON_HANDED_BACK = 17,             /* began on RDMA, continues on kernel TCP (crossed fork/exec) */
+    RS_REASON_COUNT = 18,                   /* first unassigned number */
 };
 
 enum rs_stats_config_status {

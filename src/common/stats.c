@@ -663,6 +663,7 @@ static const char *const reason_names[RS_REASON_COUNT] = {
     [RS_REASON_PEER_NOT_RDMASOCK] = "PEER_NOT_RDMASOCK",
     [RS_REASON_LOOPBACK] = "LOOPBACK",
     [RS_REASON_INTERNAL_ERROR] = "INTERNAL_ERROR",
+    [RS_REASON_HANDED_BACK] = "HANDED_BACK",
 };
 
 static const char *const proto_names[RS_STATS_PROTO_COUNT] = { "tcp", "udp", "other" };

@@ -21,7 +21,8 @@ struct io_target {
     struct rs_isock *s;             /* NULL: the kernel, untracked fd */
     struct rs_sdp_sock *sdp;        /* held */
     struct rs_dgram_sock *dg;       /* the isock keeps it alive while s is held */
-    bool inherited;                 /* an SDP connection of the parent process (after fork) */
+    bool inherited;                 /* an SDP connection inherited across fork that could not follow: */
+    int error;                      /* what every call on it answers */
 };
 
 static void target_of(int fd, struct io_target *t)
@@ -46,6 +47,14 @@ static void target_of(int fd, struct io_target *t)
             t->inherited = true;
         }
         pthread_mutex_unlock(&t->s->lock);
+        if (t->inherited) {
+            /* The parent's connection: claim it (it continues on kernel TCP, which the caller then uses). */
+            int r = rs_isock_follow(t->s);
+            if (r == 0 && rs_isock_path_now(t->s) != RS_IPATH_SDP)
+                t->inherited = false;
+            else
+                t->error = r < 0 ? r : -EBADF;
+        }
         break;
     default:
         break;
@@ -122,17 +131,27 @@ static bool restart_after_eintr(struct io_target *t, const struct rs_signal_mark
     return true;
 }
 
+/* The SDP side answered -EREMCHG (handed back): switch the socket over. -EREMCHG tells the interposer to repeat the
+ * call, which now reaches the kernel socket; a failed switch is the call's -ECONNRESET. */
+static ssize_t handed_back(struct io_target *t)
+{
+    int r = rs_isock_adopt(t->s);
+    return r == 0 ? -EREMCHG : r;
+}
+
 /* One byte-stream transfer on an SDP connection, restarted after EINTR where the kernel would restart it. */
 static ssize_t sdp_io(struct io_target *t, const struct iovec *iov, int iovcnt, int flags, bool sending)
 {
     if (t->inherited)
-        return -EBADF;
+        return t->error;
     ssize_t r;
     struct rs_signal_mark mark;
     do {
         rs_signal_mark(&mark);
         r = sending ? rs_sdp_sendmsg(t->sdp, iov, iovcnt, flags) : rs_sdp_recvmsg(t->sdp, iov, iovcnt, flags);
     } while (r == -EINTR && restart_after_eintr(t, &mark, sending ? SO_SNDTIMEO : SO_RCVTIMEO));
+    if (r == -EREMCHG)
+        return handed_back(t);
     if (r > 0)
         rs_isock_set_stats_io(t->s, sending ? (size_t)r : 0, sending ? 0 : (size_t)r);
     return r;
@@ -153,6 +172,8 @@ static ssize_t deliver_errqueue(struct io_target *t, struct msghdr *msg)
 {
     struct sock_extended_err ee;
     int r = rs_sdp_recv_errqueue(t->sdp, &ee);
+    if (r == -EREMCHG)
+        return handed_back(t);
     if (r < 0)
         return r;
     msg->msg_flags = MSG_ERRQUEUE;
@@ -187,6 +208,23 @@ static bool rdma_target(int fd, struct io_target *t)
     return false;
 }
 
+/*
+ * The body of each interposer: while fd is a converted socket of this process, the rdma_* helper does the call.
+ * -EREMCHG from it means the connection was just handed back to kernel TCP and the socket switched over: the call
+ * is made again, and now reaches the kernel as on any kernel socket (no -EREMCHG ever reaches the application).
+ */
+#define IO_CALL(fd, t, real_call, rdma_call)            \
+    do {                                                \
+        ssize_t r_;                                     \
+        do {                                            \
+            if (!rdma_target((fd), &(t)))               \
+                return real_call;                       \
+            r_ = (rdma_call);                           \
+            target_done(&(t));                          \
+        } while (r_ == -EREMCHG);                       \
+        return rs_ret(r_);                              \
+    } while (0)
+
 /* ---- receive ---- */
 
 static ssize_t rdma_recvmsg(struct io_target *t, int fd, struct msghdr *msg, int flags)
@@ -195,7 +233,7 @@ static ssize_t rdma_recvmsg(struct io_target *t, int fd, struct msghdr *msg, int
         return flags & MSG_ERRQUEUE ? (RS_REAL(recvmsg)(fd, msg, flags) < 0 ? -errno : 0)
                                     : dg_recvmsg(t, msg, flags);
     if (flags & MSG_ERRQUEUE)
-        return t->sdp ? deliver_errqueue(t, msg) : -EBADF;
+        return t->sdp ? deliver_errqueue(t, msg) : t->error;
     ssize_t r = sdp_recv(t, msg->msg_iov, (int)msg->msg_iovlen, flags);
     if (r >= 0) {
         msg->msg_namelen = 0;
@@ -230,75 +268,63 @@ static ssize_t rdma_readv(struct io_target *t, const struct iovec *iov, int iovc
 RS_EXPORT ssize_t recvmsg(int fd, struct msghdr *msg, int flags)
 {
     struct io_target t;
-    if (!rdma_target(fd, &t))
-        return RS_REAL(recvmsg)(fd, msg, flags);
-    ssize_t r = rdma_recvmsg(&t, fd, msg, flags);
-    target_done(&t);
-    return rs_ret(r);
+    IO_CALL(fd, t, RS_REAL(recvmsg)(fd, msg, flags), rdma_recvmsg(&t, fd, msg, flags));
 }
 
 RS_EXPORT ssize_t recvfrom(int fd, void *buf, size_t len, int flags, struct sockaddr *from, socklen_t *fromlen)
 {
     struct io_target t;
-    if (!rdma_target(fd, &t))
-        return RS_REAL(recvfrom)(fd, buf, len, flags, from, fromlen);
-    ssize_t r = rdma_recv(&t, buf, len, flags, from, fromlen);
-    target_done(&t);
-    return rs_ret(r);
+    IO_CALL(fd, t, RS_REAL(recvfrom)(fd, buf, len, flags, from, fromlen),
+            rdma_recv(&t, buf, len, flags, from, fromlen));
 }
 
 RS_EXPORT ssize_t recv(int fd, void *buf, size_t len, int flags)
 {
     struct io_target t;
-    if (!rdma_target(fd, &t))
-        return RS_REAL(recv)(fd, buf, len, flags);
-    ssize_t r = rdma_recv(&t, buf, len, flags, NULL, NULL);
-    target_done(&t);
-    return rs_ret(r);
+    IO_CALL(fd, t, RS_REAL(recv)(fd, buf, len, flags), rdma_recv(&t, buf, len, flags, NULL, NULL));
 }
 
 RS_EXPORT ssize_t read(int fd, void *buf, size_t len)
 {
     struct io_target t;
-    if (!rs_fd_any(RS_FD_SOCK) || !rdma_target(fd, &t))
+    if (!rs_fd_any(RS_FD_SOCK))
         return RS_REAL(read)(fd, buf, len);
-    ssize_t r = rdma_recv(&t, buf, len, 0, NULL, NULL);
-    target_done(&t);
-    return rs_ret(r);
+    IO_CALL(fd, t, RS_REAL(read)(fd, buf, len), rdma_recv(&t, buf, len, 0, NULL, NULL));
 }
 
 RS_EXPORT ssize_t readv(int fd, const struct iovec *iov, int iovcnt)
 {
     struct io_target t;
-    if (!rs_fd_any(RS_FD_SOCK) || !rdma_target(fd, &t))
+    if (!rs_fd_any(RS_FD_SOCK))
         return RS_REAL(readv)(fd, iov, iovcnt);
-    ssize_t r = rdma_readv(&t, iov, iovcnt);
-    target_done(&t);
-    return rs_ret(r);
+    IO_CALL(fd, t, RS_REAL(readv)(fd, iov, iovcnt), rdma_readv(&t, iov, iovcnt));
 }
 
 RS_EXPORT int recvmmsg(int fd, struct mmsghdr *vec, unsigned int vlen, int flags, struct timespec *timeout)
 {
     struct io_target t;
-    if (!rdma_target(fd, &t))
-        return RS_REAL(recvmmsg)(fd, vec, vlen, flags, timeout);
-    /* One recvmsg per entry: after the first, MSG_WAITFORONE makes the rest nonblocking, as in the kernel. */
     unsigned i;
-    ssize_t r = 0;
-    for (i = 0; i < vlen; i++) {
-        int f = flags & ~MSG_WAITFORONE;
-        if (i > 0 && (flags & MSG_WAITFORONE))
-            f |= MSG_DONTWAIT;
-        r = rdma_recvmsg(&t, fd, &vec[i].msg_hdr, f);
-        if (r < 0)
-            break;
-        vec[i].msg_len = (unsigned)r;
-        if (r == 0 && !t.dg) {
-            i++;            /* end of stream */
-            break;
+    ssize_t r;
+    do {
+        if (!rdma_target(fd, &t))
+            return RS_REAL(recvmmsg)(fd, vec, vlen, flags, timeout);
+        /* One recvmsg per entry: after the first, MSG_WAITFORONE makes the rest nonblocking, as in the kernel. */
+        r = 0;
+        for (i = 0; i < vlen; i++) {
+            int f = flags & ~MSG_WAITFORONE;
+            if (i > 0 && (flags & MSG_WAITFORONE))
+                f |= MSG_DONTWAIT;
+            r = rdma_recvmsg(&t, fd, &vec[i].msg_hdr, f);
+            if (r < 0)
+                break;
+            vec[i].msg_len = (unsigned)r;
+            if (r == 0 && !t.dg) {
+                i++;            /* end of stream */
+                break;
+            }
         }
-    }
-    target_done(&t);
+        target_done(&t);
+    } while (i == 0 && r == -EREMCHG);
     if (i == 0 && r < 0)
         return (int)rs_ret(r);
     return (int)i;
@@ -326,68 +352,55 @@ static ssize_t rdma_send(struct io_target *t, const void *buf, size_t len, int f
 RS_EXPORT ssize_t sendmsg(int fd, const struct msghdr *msg, int flags)
 {
     struct io_target t;
-    if (!rdma_target(fd, &t))
-        return RS_REAL(sendmsg)(fd, msg, flags);
-    ssize_t r = rdma_sendmsg(&t, msg, flags);
-    target_done(&t);
-    return rs_ret(r);
+    IO_CALL(fd, t, RS_REAL(sendmsg)(fd, msg, flags), rdma_sendmsg(&t, msg, flags));
 }
 
 RS_EXPORT ssize_t sendto(int fd, const void *buf, size_t len, int flags, const struct sockaddr *to, socklen_t tolen)
 {
     struct io_target t;
-    if (!rdma_target(fd, &t))
-        return RS_REAL(sendto)(fd, buf, len, flags, to, tolen);
-    ssize_t r = rdma_send(&t, buf, len, flags, to, tolen);
-    target_done(&t);
-    return rs_ret(r);
+    IO_CALL(fd, t, RS_REAL(sendto)(fd, buf, len, flags, to, tolen), rdma_send(&t, buf, len, flags, to, tolen));
 }
 
 RS_EXPORT ssize_t send(int fd, const void *buf, size_t len, int flags)
 {
     struct io_target t;
-    if (!rdma_target(fd, &t))
-        return RS_REAL(send)(fd, buf, len, flags);
-    ssize_t r = rdma_send(&t, buf, len, flags, NULL, 0);
-    target_done(&t);
-    return rs_ret(r);
+    IO_CALL(fd, t, RS_REAL(send)(fd, buf, len, flags), rdma_send(&t, buf, len, flags, NULL, 0));
 }
 
 RS_EXPORT ssize_t write(int fd, const void *buf, size_t len)
 {
     struct io_target t;
-    if (!rs_fd_any(RS_FD_SOCK) || !rdma_target(fd, &t))
+    if (!rs_fd_any(RS_FD_SOCK))
         return RS_REAL(write)(fd, buf, len);
-    ssize_t r = rdma_send(&t, buf, len, 0, NULL, 0);
-    target_done(&t);
-    return rs_ret(r);
+    IO_CALL(fd, t, RS_REAL(write)(fd, buf, len), rdma_send(&t, buf, len, 0, NULL, 0));
 }
 
 RS_EXPORT ssize_t writev(int fd, const struct iovec *iov, int iovcnt)
 {
     struct io_target t;
-    if (!rs_fd_any(RS_FD_SOCK) || !rdma_target(fd, &t))
+    if (!rs_fd_any(RS_FD_SOCK))
         return RS_REAL(writev)(fd, iov, iovcnt);
     struct msghdr m = { .msg_iov = (struct iovec *)iov, .msg_iovlen = (size_t)iovcnt };
-    ssize_t r = rdma_sendmsg(&t, &m, 0);
-    target_done(&t);
-    return rs_ret(r);
+    IO_CALL(fd, t, RS_REAL(writev)(fd, iov, iovcnt), rdma_sendmsg(&t, &m, 0));
 }
 
 RS_EXPORT int sendmmsg(int fd, struct mmsghdr *vec, unsigned int vlen, int flags)
 {
     struct io_target t;
-    if (!rdma_target(fd, &t))
-        return RS_REAL(sendmmsg)(fd, vec, vlen, flags);
     unsigned i;
-    ssize_t r = 0;
-    for (i = 0; i < vlen; i++) {
-        r = rdma_sendmsg(&t, &vec[i].msg_hdr, flags);
-        if (r < 0)
-            break;
-        vec[i].msg_len = (unsigned)r;
-    }
-    target_done(&t);
+    ssize_t r;
+    do {
+        if (!rdma_target(fd, &t))
+            return RS_REAL(sendmmsg)(fd, vec, vlen, flags);
+        r = 0;
+        for (i = 0; i < vlen; i++) {
+            r = rdma_sendmsg(&t, &vec[i].msg_hdr, flags);
+            if (r < 0)
+                break;
+            vec[i].msg_len = (unsigned)r;
+        }
+        target_done(&t);
+    } while (i == 0 && r == -EREMCHG);
     if (i == 0 && r < 0)
         return (int)rs_ret(r);
     return (int)i;
@@ -441,12 +454,9 @@ static ssize_t sendfile_sdp(struct io_target *t, int in_fd, off64_t *offset, siz
 RS_EXPORT ssize_t sendfile64(int out_fd, int in_fd, off64_t *offset, size_t count)
 {
     struct io_target t;
-    if (!rdma_target(out_fd, &t))
-        return RS_REAL(sendfile64)(out_fd, in_fd, offset, count);
     /* A converted UDP socket: datagram-iWARP has no file path (docs/interception.md). */
-    ssize_t r = t.dg ? -EINVAL : t.inherited ? -EBADF : sendfile_sdp(&t, in_fd, offset, count);
-    target_done(&t);
-    return rs_ret(r);
+    IO_CALL(out_fd, t, RS_REAL(sendfile64)(out_fd, in_fd, offset, count),
+            t.dg ? -EINVAL : t.inherited ? t.error : sendfile_sdp(&t, in_fd, offset, count));
 }
 
 RS_EXPORT ssize_t sendfile(int out_fd, int in_fd, off_t *offset, size_t count)

@@ -14,21 +14,26 @@
  * A UDP socket is adopted by the datagram layer when a rule may send some of its peers to RDMA; the datagram layer
  * then decides per peer.
  *
- * Fork: RNIC state (QPs, the progress thread) stays with the process that created it. In the child, inherited SDP
- * connections answer EBADF (the SDP layer's epoch check); listeners go dormant in the child, and whichever process
+ * Fork: RNIC state (QPs, the progress thread) stays with the process that created it. A connection the child
+ * inherited is claimed from its owner the first time the child uses it and continues on kernel TCP in both
+ * (handover.h; the switch itself, for the owner, a claimer, a peer whose partner handed back, and an exec, is
+ * "hand-back" below). Listeners go dormant in the child, and whichever process
  * next waits on or accepts from the listener creates a new one. On the soft RNIC the parent's goes dormant too (its
  * kernel listening socket is parked and shared by the family). On verbs, where an rdma_cm listener cannot be
  * shared, the parent keeps its listener and dispatches each connection to a child that waits (sdp_family.c): the
  * children listen on ports of their own, and a pre-forking parent that never accepts holds no connection.
  */
 #include <fcntl.h>
+#include <netinet/tcp.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "common/fdutil.h"
 #include "common/log.h"
 #include "common/stats.h"
+#include "intercept/handover.h"
 #include "intercept/isock_int.h"
 #include "intercept/libc.h"
 #include "intercept/signals.h"
@@ -115,7 +120,12 @@ static void isock_destroy(struct rs_fd_obj *obj)
         rs_fd_unmark_internal(s->dg_fd);
         rs_dgram_release(s->dg);     /* the last reference closes dg_fd (owns_fd) */
     }
+    if (s->handed_fd >= 0) {
+        rs_fd_unmark_internal(s->handed_fd);
+        RS_REAL(close)(s->handed_fd);
+    }
     rs_stats_slot_release(s->stats_slot);
+    pthread_cond_destroy(&s->hb_cond);
     pthread_mutex_destroy(&s->lock);
     free(s);
 }
@@ -219,6 +229,9 @@ struct rs_isock *rs_isock_create(int fd, int family, int type, int protocol)
         return NULL;
     rs_fd_obj_init(&s->obj, RS_FD_SOCK, isock_destroy);
     pthread_mutex_init(&s->lock, NULL);
+    pthread_cond_init(&s->hb_cond, NULL);
+    s->ho_slot = -1;
+    s->handed_fd = -1;
     s->family = family;
     s->type = base;
     s->protocol = protocol;
@@ -264,8 +277,26 @@ int rs_isock_last_close(struct rs_isock *s)
     rs_wait_isock_closed(s);
     pthread_mutex_lock(&s->lock);
     int r = 0;
-    if (s->sdp && s->owner == getpid())
-        r = rs_sdp_close(s->sdp);
+    if (s->sdp && s->owner == getpid()) {
+        if (s->hb_busy) {
+            /* A hand-back is under way (a claim, an exec on another thread): it closes the SDP side when done,
+             * seeing no name left. */
+        } else if (s->handed_fd < 0 && s->ho_slot >= 0 && rs_ho_owner_closing(s)) {
+            /* Forked processes still hold the connection: closing here must not end it. The hand-over server
+             * hands it back and keeps the kernel socket for them. */
+            RS_DEBUG("isock: connection closed here while forked processes hold it: handing it back");
+        } else {
+            if (s->handed_fd >= 0) {
+                rs_fd_unmark_internal(s->handed_fd);
+                RS_REAL(close)(s->handed_fd);
+                s->handed_fd = -1;
+            }
+            r = rs_sdp_close(s->sdp);
+        }
+    } else if (s->path == RS_IPATH_SDP && s->owner != getpid() && s->ho_slot >= 0) {
+        /* Inherited and never used here: this process no longer holds it. */
+        rs_ho_holder_leave(s);
+    }
     if (s->dg) {
         rs_dgram_close(s->dg);
         if (s->owner != getpid()) {
@@ -595,6 +626,12 @@ static int install_accepted(struct rs_isock *l, int fd, struct rs_sdp_sock *sdp,
     }
     rs_fd_obj_init(&s->obj, RS_FD_SOCK, isock_destroy);
     pthread_mutex_init(&s->lock, NULL);
+    pthread_cond_init(&s->hb_cond, NULL);
+    s->ho_slot = -1;
+    s->handed_fd = -1;
+    /* Linux: an accepted socket starts with its listener's options. */
+    memcpy(s->app_opts, l->app_opts, sizeof(s->app_opts));
+    s->n_app_opts = l->n_app_opts;
     s->family = l->family;
     s->type = SOCK_STREAM;
     s->nfds = 1;
@@ -819,6 +856,10 @@ int rs_isock_connect(struct rs_isock *s, int fd, const struct sockaddr *dst, soc
         /* A blocking connect may take a while: never hold the lock across it. */
         pthread_mutex_unlock(&s->lock);
         r = rs_sdp_connect(sdp, (struct sockaddr *)&rdma, rlen);
+        /* The peer accepted, forked and handed the connection back before this connect returned (a fork-per-
+         * connection server is that quick): it is connected, and continues on kernel TCP from the next call. */
+        if (r != 0 && r != -EINPROGRESS && r != -EINTR && rs_sdp_handed_back(sdp))
+            r = 0;
         pthread_mutex_lock(&s->lock);
         if (s->sdp != sdp) {
             /* Another thread settled or closed it meanwhile. */
@@ -865,6 +906,274 @@ void rs_isock_settle_connect(struct rs_isock *s, int fd)
         }
     }
     pthread_mutex_unlock(&s->lock);
+}
+
+/* ---- hand-back: the connection continues on kernel TCP (isock_int.h, handover.h) ---- */
+
+void rs_isock_record_opt(struct rs_isock *s, int level, int name, const void *val, socklen_t len)
+{
+    if (!val || len > sizeof(s->app_opts[0].val) || level == RS_SOL_SDP)
+        return;
+    pthread_mutex_lock(&s->lock);
+    int i;
+    for (i = 0; i < s->n_app_opts; i++)
+        if (s->app_opts[i].level == level && s->app_opts[i].name == name)
+            break;
+    if (i < RS_ISOCK_APP_OPTS) {
+        s->app_opts[i] = (struct rs_saved_opt){ .level = level, .name = name, .len = len };
+        memcpy(s->app_opts[i].val, val, len);
+        if (i == s->n_app_opts)
+            s->n_app_opts++;
+    }
+    pthread_mutex_unlock(&s->lock);
+}
+
+bool rs_isock_handed_back(struct rs_isock *s)
+{
+    return rs_isock_path_now(s) == RS_IPATH_KERNEL && s->reason == RS_ISOCK_REASON_HANDED_BACK && !s->lost;
+}
+
+struct names {
+    const struct rs_isock *s;
+    int *fds;
+    int n, cap;
+};
+
+static void collect_name(int fd, struct rs_fd_obj *obj, void *arg)
+{
+    struct names *names = arg;
+    if (obj != &names->s->obj)
+        return;
+    if (names->n == names->cap) {
+        int cap = names->cap ? names->cap * 2 : 8;
+        int *grown = realloc(names->fds, (size_t)cap * sizeof(int));
+        if (!grown)
+            return;
+        names->fds = grown;
+        names->cap = cap;
+    }
+    names->fds[names->n++] = fd;
+}
+
+/* The kernel socket takes the options the application set; TCP_NODELAY only as the application left it (the
+ * hand-back's socket comes with it on). */
+static void apply_app_opts(const struct rs_isock *s, int kfd)
+{
+    bool nodelay_set = false;
+    for (int i = 0; i < s->n_app_opts; i++) {
+        const struct rs_saved_opt *o = &s->app_opts[i];
+        if (RS_REAL(setsockopt)(kfd, o->level, o->name, o->val, o->len) != 0)
+            RS_DEBUG("hand-back: option %d/%d not applied to the kernel socket: %s", o->level, o->name,
+                     strerror(errno));
+        nodelay_set |= o->level == IPPROTO_TCP && o->name == TCP_NODELAY;
+    }
+    if (!nodelay_set) {
+        int off = 0;
+        (void)RS_REAL(setsockopt)(kfd, IPPROTO_TCP, TCP_NODELAY, &off, sizeof(off));
+    }
+}
+
+/* Lock held: every name of s in this process now names kfd's socket (kfd stays the caller's), each keeping its
+ * close-on-exec flag; the open file's status flags (O_NONBLOCK above all) are the old one's. Only ever called from
+ * the application's own calls on s or at exec, never behind its back: a name it closes meanwhile is its race. */
+static void switch_names(struct rs_isock *s, int kfd, bool with_options)
+{
+    struct names names = { .s = s };
+    rs_fd_for_each(collect_name, &names);
+    if (with_options)
+        apply_app_opts(s, kfd);
+    int status = names.n > 0 ? RS_REAL(fcntl)(names.fds[0], F_GETFL) : -1;
+    for (int i = 0; i < names.n; i++) {
+        int fdflags = RS_REAL(fcntl)(names.fds[i], F_GETFD);
+        if (RS_REAL(dup3)(kfd, names.fds[i], fdflags >= 0 && (fdflags & FD_CLOEXEC) ? O_CLOEXEC : 0) < 0)
+            RS_WARN("hand-back: fd %d not switched to the kernel socket: %s", names.fds[i], strerror(errno));
+    }
+    if (status >= 0)
+        (void)RS_REAL(fcntl)(names.fds[0], F_SETFL, status & (O_NONBLOCK | O_ASYNC | O_APPEND | O_NOATIME));
+    free(names.fds);
+}
+
+/* Lock held: the SDP side is no longer the application's (owner: closed; inherited: the parent's, forgotten). */
+static void drop_sdp_side(struct rs_isock *s)
+{
+    if (s->owner == getpid()) {
+        detach_sdp(s, true);
+    } else if (s->sdp) {
+        s->sdp = NULL;          /* the parent's object: its memory here is a copy nobody uses */
+        bump_generation(s);
+    }
+    if (s->handed_fd >= 0) {
+        rs_fd_unmark_internal(s->handed_fd);
+        RS_REAL(close)(s->handed_fd);
+        s->handed_fd = -1;
+    }
+    s->connecting = false;
+}
+
+/* Lock held: s continues on kfd (consumed). The owner keeps a copy for the record's holders first. */
+static void adopt_locked(struct rs_isock *s, int kfd)
+{
+    bool owner = s->owner == getpid();
+    if (owner)
+        rs_ho_park(s, kfd);
+    switch_names(s, kfd, true);
+    RS_REAL(close)(kfd);
+    drop_sdp_side(s);
+    s->reason = RS_ISOCK_REASON_HANDED_BACK;
+    __atomic_store_n(&s->path, RS_IPATH_KERNEL, __ATOMIC_RELEASE);
+    RS_STATS_ADD(decisions[RS_ISOCK_REASON_HANDED_BACK], 1);
+    rs_stats_slot_set_path(s->stats_slot, RS_STATS_PATH_KERNEL, RS_ISOCK_REASON_HANDED_BACK);
+    bump_generation(s);
+    RS_DEBUG("isock: connection continues on kernel TCP (%s)", owner ? "handed back" : "claimed from its owner");
+}
+
+/* Lock held: the connection could not be taken over. The names get a socket whose peer is gone (reads end, writes
+ * fail with EPIPE) and SO_ERROR says ECONNRESET: what a reset kernel connection answers. */
+static void lost_locked(struct rs_isock *s)
+{
+    int sv[2];
+    if (RS_REAL(socketpair)(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0) {
+        RS_REAL(close)(sv[1]);
+        switch_names(s, sv[0], false);
+        RS_REAL(close)(sv[0]);
+    }
+    drop_sdp_side(s);
+    s->lost = true;
+    s->pending_error = ECONNRESET;
+    s->reason = RS_ISOCK_REASON_HANDED_BACK;
+    __atomic_store_n(&s->path, RS_IPATH_KERNEL, __ATOMIC_RELEASE);
+    rs_stats_slot_set_state(s->stats_slot, RS_STATS_STATE_ERROR);
+    bump_generation(s);
+}
+
+static void wait_not_busy(struct rs_isock *s)
+{
+    while (s->hb_busy)
+        pthread_cond_wait(&s->hb_cond, &s->lock);
+}
+
+static void set_busy(struct rs_isock *s, bool busy)
+{
+    s->hb_busy = busy;
+    if (!busy)
+        pthread_cond_broadcast(&s->hb_cond);
+}
+
+int rs_isock_adopt(struct rs_isock *s)
+{
+    pthread_mutex_lock(&s->lock);
+    wait_not_busy(s);
+    int r = 0;
+    if (s->path == RS_IPATH_SDP && s->sdp && s->owner == getpid()) {
+        int kfd = s->handed_fd;
+        if (kfd >= 0) {
+            rs_fd_unmark_internal(kfd);
+            s->handed_fd = -1;
+        } else {
+            kfd = rs_sdp_take_handback_fd(s->sdp);
+        }
+        if (kfd >= 0) {
+            adopt_locked(s, kfd);
+        } else {
+            RS_WARN("isock: handed-back connection without its kernel socket (%s)", strerror(-kfd));
+            lost_locked(s);
+            r = -ECONNRESET;
+        }
+    }
+    pthread_mutex_unlock(&s->lock);
+    return r;
+}
+
+int rs_isock_follow(struct rs_isock *s)
+{
+    if (rs_isock_path_now(s) != RS_IPATH_SDP || __atomic_load_n(&s->connecting, __ATOMIC_ACQUIRE))
+        return 0;
+    pthread_mutex_lock(&s->lock);
+    if (s->owner == getpid() || s->path != RS_IPATH_SDP) {
+        pthread_mutex_unlock(&s->lock);
+        return 0;
+    }
+    wait_not_busy(s);
+    int r = 0;
+    if (s->path != RS_IPATH_SDP) {
+        r = 0;                  /* another thread claimed it meanwhile */
+    } else if (s->ho_slot < 0) {
+        r = -EBADF;
+    } else {
+        set_busy(s, true);
+        pthread_mutex_unlock(&s->lock);
+        int kfd = rs_ho_claim(s);
+        pthread_mutex_lock(&s->lock);
+        if (kfd >= 0) {
+            adopt_locked(s, kfd);
+        } else {
+            lost_locked(s);
+            r = -ECONNRESET;
+        }
+        set_busy(s, false);
+    }
+    pthread_mutex_unlock(&s->lock);
+    return r;
+}
+
+int rs_isock_handback(struct rs_isock *s, int timeout_ms, bool adopt_now)
+{
+    pthread_mutex_lock(&s->lock);
+    wait_not_busy(s);
+    int r;
+    if (s->path != RS_IPATH_SDP) {
+        r = s->reason == RS_ISOCK_REASON_HANDED_BACK && !s->lost ? 0 : -EOPNOTSUPP;
+        pthread_mutex_unlock(&s->lock);
+        return r;
+    }
+    if (!s->sdp || s->owner != getpid() || s->connecting) {
+        pthread_mutex_unlock(&s->lock);
+        return -EOPNOTSUPP;
+    }
+    if (s->handed_fd >= 0) {
+        /* Done before (for an earlier claim); the application has not switched over yet. */
+        rs_ho_park(s, s->handed_fd);
+        if (adopt_now) {
+            int kfd = s->handed_fd;
+            rs_fd_unmark_internal(kfd);
+            s->handed_fd = -1;
+            adopt_locked(s, kfd);
+        }
+        pthread_mutex_unlock(&s->lock);
+        return 0;
+    }
+    struct rs_sdp_sock *sdp = s->sdp;
+    rs_sdp_hold(sdp);
+    set_busy(s, true);
+    pthread_mutex_unlock(&s->lock);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    int kfd = rs_sdp_handback(sdp, timeout_ms);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    RS_DEBUG("isock: hand-back %s in %ld us", kfd >= 0 ? "done" : strerror(-kfd),
+             (long)((t1.tv_sec - t0.tv_sec) * 1000000L + (t1.tv_nsec - t0.tv_nsec) / 1000));
+    pthread_mutex_lock(&s->lock);
+    bool app_gone = __atomic_load_n(&s->nfds, __ATOMIC_ACQUIRE) == 0;
+    if (kfd >= 0) {
+        r = 0;
+        if (adopt_now || app_gone) {
+            adopt_locked(s, kfd);
+        } else {
+            /* The application's names switch at its next call on them (it sees the SDP side handed back). */
+            rs_ho_park(s, kfd);
+            s->handed_fd = rs_fd_move_high(kfd);
+            rs_fd_mark_internal(s->handed_fd);
+        }
+    } else {
+        r = kfd;
+        /* A close the application made meanwhile (or before, for holders) was left to us. */
+        if (app_gone && s->sdp == sdp)
+            detach_sdp(s, true);
+    }
+    set_busy(s, false);
+    pthread_mutex_unlock(&s->lock);
+    rs_sdp_release(sdp);
+    return r;
 }
 
 /* ---- waiting ---- */
@@ -915,6 +1224,14 @@ int rs_isock_wait_fds(struct rs_isock *s, int fd, unsigned events, struct pollfd
     memset(out, 0, sizeof(struct pollfd) * RS_ISOCK_WAIT_FDS);
     int n = 0;
     pthread_mutex_lock(&s->lock);
+    if (s->path == RS_IPATH_SDP && !(s->sdp && s->owner == getpid()) && s->ho_slot >= 0 && !s->connecting) {
+        /* Inherited across fork: waiting for it is using it. Claimed, it is a kernel socket like any other. (A
+         * hand-back of our own connection needs nothing here: its mask wakes the waiter, and rs_isock_poll
+         * switches over and moves the generation.) */
+        pthread_mutex_unlock(&s->lock);
+        (void)rs_isock_follow(s);
+        pthread_mutex_lock(&s->lock);
+    }
     switch (s->path) {
     case RS_IPATH_DGRAM:
         out[n].fd = rs_dgram_fd(s->dg);
@@ -925,7 +1242,7 @@ int rs_isock_wait_fds(struct rs_isock *s, int fd, unsigned events, struct pollfd
             out[n].fd = rs_sdp_fd(s->sdp);
             out[n++].events = POLLIN;
         } else {
-            out[n].fd = fd;                 /* inherited across fork: the kernel answers (POLLHUP) */
+            out[n].fd = fd;                 /* inherited with no record: the kernel answers (POLLHUP) */
             out[n++].events = (short)events;
         }
         break;
@@ -967,12 +1284,25 @@ unsigned rs_isock_poll(struct rs_isock *s, int fd)
         struct rs_sdp_sock *sdp = s->sdp && s->owner == getpid() ? s->sdp : NULL;
         if (sdp)
             rs_sdp_hold(sdp);
-        unsigned pending = s->pending_error ? POLLERR : 0;
+        bool handed = s->handed_fd >= 0;
         pthread_mutex_unlock(&s->lock);
-        if (!sdp)
-            return kernel_mask(fd, 0) | pending;
+        if (!sdp) {
+            /* Inherited across fork: claimed now (or it cannot be), the kernel socket answers. */
+            (void)rs_isock_follow(s);
+            return kernel_mask(fd, 0) | (s->pending_error ? POLLERR : 0);
+        }
+        unsigned pending = s->pending_error ? POLLERR : 0;
         unsigned m = rs_sdp_poll(sdp);
+        /* A finished hand-back shows as POLLIN | POLLOUT: what is true now is the kernel socket's answer (and the
+         * generation moves, so waiters go to sleep on it). */
+        if (!handed && (m & (POLLIN | POLLOUT)) == (POLLIN | POLLOUT))
+            handed = rs_sdp_handed_back(sdp);
         rs_sdp_release(sdp);
+        if (handed) {
+            (void)rs_isock_adopt(s);
+            if (rs_isock_path_now(s) == RS_IPATH_KERNEL)
+                return kernel_mask(fd, 0) | (s->pending_error ? POLLERR : 0);
+        }
         return (m & ~POLLNVAL) | pending;
     }
     case RS_IPATH_LISTEN: {
@@ -1008,8 +1338,20 @@ static void fork_visit(int fd, struct rs_fd_obj *obj, void *arg)
     if (obj->type != RS_FD_SOCK)
         return;
     struct rs_isock *s = (struct rs_isock *)obj;
-    if (child)
+    if (child) {
         pthread_mutex_init(&s->lock, NULL);     /* a parent thread may have held it at the fork */
+        pthread_cond_init(&s->hb_cond, NULL);
+        s->hb_busy = false;                     /* the parent's hand-back, not ours */
+        if (s->handed_fd >= 0) {
+            /* The parent's kernel socket, kept for its application: our copy would keep the connection open. */
+            rs_fd_unmark_internal(s->handed_fd);
+            RS_REAL(close)(s->handed_fd);
+            s->handed_fd = -1;
+        }
+        /* An inherited connection: this process holds it now, until it claims, closes or ends. */
+        if (s->path == RS_IPATH_SDP && s->ho_slot >= 0)
+            rs_ho_holder_enter(s);
+    }
     if (s->path != RS_IPATH_LISTEN || !s->sdp)
         return;
     (void)fd;
@@ -1055,11 +1397,19 @@ static void fork_prepare_visit(int fd, struct rs_fd_obj *obj, void *arg)
             RS_LOG_ONCE(RS_LOG_WARN, "fd %d: RDMA listener cannot dispatch for forked processes (%s)", fd,
                         strerror(-r));
     }
+    /* A connection the child inherits gets a record, so that the child can claim it should it use it. */
+    if (s->path == RS_IPATH_SDP && !s->connecting) {
+        if (s->sdp && s->owner == getpid())
+            (void)rs_ho_prepare_owned(s);
+        else if (s->owner != getpid())
+            rs_ho_prepare_held(s);
+    }
     pthread_mutex_unlock(&s->lock);
 }
 
 void rs_isock_fork_prepare(void)
 {
+    rs_ho_fork_prepare_begin();
     if (rs_fd_any(RS_FD_SOCK))
         rs_fd_for_each(fork_prepare_visit, NULL);
 }
@@ -1069,22 +1419,94 @@ void rs_isock_fork_parent(void)
     bool child = false;
     if (rs_fd_any(RS_FD_SOCK))
         rs_fd_for_each(fork_visit, &child);
+    rs_ho_fork_parent();
     __atomic_add_fetch(&fork_generation, 1, __ATOMIC_ACQ_REL);
 }
 
 void rs_isock_fork_child(void)
 {
     bool child = true;
+    rs_ho_fork_child();
     if (rs_fd_any(RS_FD_SOCK))
         rs_fd_for_each(fork_visit, &child);
     __atomic_add_fetch(&fork_generation, 1, __ATOMIC_ACQ_REL);
 }
 
+void rs_isock_fork_returned(pid_t child)
+{
+    rs_ho_fork_returned(child);
+}
+
+/* ---- exec ---- */
+
+struct exec_sock {
+    struct rs_isock *s;             /* held */
+    bool survives;                  /* some name has no FD_CLOEXEC */
+};
+
+struct exec_list {
+    struct exec_sock *socks;
+    int n, cap;
+};
+
+static void exec_visit(int fd, struct rs_fd_obj *obj, void *arg)
+{
+    struct exec_list *list = arg;
+    if (obj->type != RS_FD_SOCK)
+        return;
+    struct rs_isock *s = (struct rs_isock *)obj;
+    if (rs_isock_path_now(s) != RS_IPATH_SDP || __atomic_load_n(&s->connecting, __ATOMIC_ACQUIRE))
+        return;
+    int flags = RS_REAL(fcntl)(fd, F_GETFD);
+    bool survives = flags >= 0 && !(flags & FD_CLOEXEC);
+    for (int i = 0; i < list->n; i++) {
+        if (list->socks[i].s == s) {
+            list->socks[i].survives |= survives;
+            return;
+        }
+    }
+    if (list->n == list->cap) {
+        int cap = list->cap ? list->cap * 2 : 8;
+        struct exec_sock *grown = realloc(list->socks, (size_t)cap * sizeof(*grown));
+        if (!grown)
+            return;
+        list->socks = grown;
+        list->cap = cap;
+    }
+    rs_fd_obj_hold(obj);
+    list->socks[list->n++] = (struct exec_sock){ s, survives };
+}
+
 void rs_isock_before_exec(void)
 {
+    /*
+     * A converted connection whose fd crosses the exec (no CLOEXEC on some name) continues there as kernel TCP: the
+     * new image has none of rdmasock's state, so the connection is handed back now (claimed, if it was inherited)
+     * and its names switched to the kernel socket, with the stream intact. A hand-back that fails (a peer without
+     * it, no answer within RS_HO_HANDBACK_MS) leaves what was there before: the unconnected kernel socket that stood
+     * for the connection (logged). A connection this process inherited and that does not cross the exec is no
+     * longer held here.
+     */
+    if (rs_fd_any(RS_FD_SOCK)) {
+        struct exec_list list = { 0 };
+        rs_fd_for_each(exec_visit, &list);
+        for (int i = 0; i < list.n; i++) {
+            struct rs_isock *s = list.socks[i].s;
+            bool inherited = s->owner != getpid();
+            int r = 0;
+            if (list.socks[i].survives)
+                r = inherited ? rs_isock_follow(s) : rs_isock_handback(s, RS_HO_HANDBACK_MS, true);
+            else if (inherited && s->ho_slot >= 0)
+                rs_ho_holder_leave_for_exec(s);
+            if (r != 0)
+                RS_WARN("exec: a connection crossing the exec was not handed back to kernel TCP (%s): the new "
+                        "program gets an unconnected socket", strerror(-r));
+            rs_isock_put(s);
+        }
+        free(list.socks);
+    }
     /* The new image starts without rdmasock state; its own preload (if any) creates a fresh statistics area
-     * under the same pid, so this one must go first. Converted sockets that survive the exec (no CLOEXEC) become
-     * the unconnected kernel sockets that stand for them: documented in docs/interception.md. */
+     * under the same pid, so this one must go first. */
     rs_stats_close();
 }
 
@@ -1098,6 +1520,7 @@ void rs_isock_before_exit(void)
 
 void rs_isock_exec_failed(void)
 {
+    rs_ho_exec_failed();
     /* The program goes on in this image: so do its statistics (`rdmasock stat` finds them again). */
     if (rs_stats_republish() != 0)
         RS_DEBUG("statistics area not republished after the failed exec");

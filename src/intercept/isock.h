@@ -32,6 +32,7 @@
 #include <poll.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "intercept/fdtable.h"
 
@@ -72,6 +73,9 @@ void rs_wait_isock_closed(struct rs_isock *s);
 void rs_isock_fork_prepare(void);
 void rs_isock_fork_parent(void);
 void rs_isock_fork_child(void);
+/* In fork() of the parent, once the real fork returned the child's pid (> 0): the child holds every connection the
+ * parent had, and is entered as such before the application can close any (handover.h). */
+void rs_isock_fork_returned(pid_t child);
 void rs_isock_before_exec(void);            /* an exec is about to replace the image */
 void rs_isock_exec_failed(void);            /* ... and did not */
 void rs_isock_before_exit(void);            /* _exit/_Exit: the process ends without its atexit handlers */

@@ -26,6 +26,10 @@ enum rs_isock_path {
 };
 
 #define RS_ISOCK_SAVED_OPTS 16
+#define RS_ISOCK_APP_OPTS 16
+
+/* The reason recorded for a connection handed back to kernel TCP (its statistics slot says path kernel). */
+#define RS_ISOCK_REASON_HANDED_BACK RS_REASON_HANDED_BACK
 
 /* A socket option the application set before the socket had an SDP side: replayed onto it when it gets one. */
 struct rs_saved_opt {
@@ -62,6 +66,20 @@ struct rs_isock {
     socklen_t local_len;
     struct rs_saved_opt saved[RS_ISOCK_SAVED_OPTS];
     int n_saved;
+    /* Options the application set, whatever the path: what a kernel socket that takes over the connection after
+     * a hand-back must get (kernel sockets keep their options across fork; an accepted socket starts with its
+     * listener's, as in Linux). */
+    struct rs_saved_opt app_opts[RS_ISOCK_APP_OPTS];
+    int n_app_opts;
+
+    /* hand-back (the connection continues on kernel TCP: fork, exec; handover.h) */
+    int ho_slot;                            /* record in the family's hand-over arena, -1 none */
+    uint64_t ho_token;
+    bool hb_busy;                           /* a hand-back or claim of this process is under way (lock) */
+    pthread_cond_t hb_cond;                 /* broadcast when hb_busy clears (with lock) */
+    int handed_fd;                          /* owner: kernel socket of a finished hand-back the application's names
+                                             * have not switched to yet (internal fd), -1 */
+    bool lost;                              /* a claim or hand-back failed: the names hold a dead socket */
 
     bool seen_by_waiter;                    /* a poll/epoll has looked at it (its registrations name it) */
     unsigned interest[4];                   /* waiters per event: POLLIN, POLLOUT, POLLRDHUP, POLLPRI */
@@ -93,6 +111,31 @@ int rs_isock_accept(struct rs_isock *s, int fd, struct sockaddr *addr, socklen_t
 void rs_isock_settle_connect(struct rs_isock *s, int fd);
 /* Recreates a dormant listener's SDP side in this process. */
 void rs_isock_revive(struct rs_isock *s, int fd);
+
+/*
+ * Hand-back: the connection continues on a kernel TCP socket, which the application's names (every fd of s in this
+ * process) are switched to with dup3, keeping their close-on-exec flags, the open file's status flags and the
+ * options the application set. The path becomes RS_IPATH_KERNEL (reason RS_ISOCK_REASON_HANDED_BACK) and the
+ * generation moves, so waiters re-register. A failure puts a dead socket in their place (reads end, writes get
+ * EPIPE) with SO_ERROR ECONNRESET, as a reset kernel connection behaves.
+ *
+ * rs_isock_follow: before a call uses s, a connection inherited across fork is claimed from its owner (handover.h).
+ *   0: nothing to do, or done (the path is no longer SDP); -ECONNRESET: the claim failed (the triggering call fails
+ *   with it); -EBADF: inherited with no record (the parent forked while it was still connecting, or the arena was
+ *   full): the connection cannot follow.
+ * rs_isock_adopt: the SDP side answered -EREMCHG (or its mask says handed back): switch over. 0, or -ECONNRESET.
+ * rs_isock_handback: the owner starts (or joins) a hand-back, bounded by timeout_ms, for a claim or an exec. The
+ *   kernel socket is parked for the record's holders (rs_ho_park); the names switch at once with adopt_now, else
+ *   on the application's next call. 0, or -errno (-EOPNOTSUPP: not a connected SDP connection, or a peer without
+ *   hand-back: nothing changed).
+ */
+int rs_isock_follow(struct rs_isock *s);
+int rs_isock_adopt(struct rs_isock *s);
+int rs_isock_handback(struct rs_isock *s, int timeout_ms, bool adopt_now);
+/* True when s answers from kernel TCP after a hand-back (its addresses are still the RDMA connection's). */
+bool rs_isock_handed_back(struct rs_isock *s);
+/* Remembers an option the application set (for a kernel socket that may take over the connection). */
+void rs_isock_record_opt(struct rs_isock *s, int level, int name, const void *val, socklen_t len);
 
 /* Data-path accessors: the current path with a reference on its object, so a concurrent close cannot free it. */
 static inline enum rs_isock_path rs_isock_path_now(struct rs_isock *s)

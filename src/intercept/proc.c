@@ -105,7 +105,14 @@ static pid_t do_fork(void)
         errno = ENOSYS;         /* only while dlsym itself is running on this thread */
         return -1;
     }
-    return real();
+    pid_t pid = real();
+    if (pid > 0) {
+        /* Before the application can close anything: the child holds every connection it inherited. */
+        int saved_errno = errno;
+        rs_isock_fork_returned(pid);
+        errno = saved_errno;
+    }
+    return pid;
 }
 
 RS_EXPORT pid_t fork(void) { return do_fork(); }

@@ -115,23 +115,47 @@ static struct rs_sdp_sock *sdp_of(struct rs_isock *s)
     return sdp;
 }
 
+/*
+ * Before a control call uses s: an SDP connection inherited across fork is claimed (it continues on kernel TCP).
+ * Returns 0, or the error the call must answer when the connection cannot be used here.
+ */
+static int follow(struct rs_isock *s)
+{
+    return rs_isock_path_now(s) == RS_IPATH_SDP ? rs_isock_follow(s) : 0;
+}
+
+/* An SDP call answered -EREMCHG: the connection was handed back; switch the socket over. true: repeat the call
+ * (it now reaches the kernel socket); false: *r holds the call's error. */
+static bool repeat_after(struct rs_isock *s, int *r)
+{
+    if (*r != -EREMCHG)
+        return false;
+    *r = rs_isock_adopt(s);
+    return *r == 0;
+}
+
 RS_EXPORT int shutdown(int fd, int how)
 {
     struct rs_isock *s = rs_isock_get(fd);
     if (!s)
         return RS_REAL(shutdown)(fd, how);
-    rs_isock_settle_connect(s, fd);
-    enum rs_isock_path path = rs_isock_path_now(s);
-    struct rs_sdp_sock *sdp = path == RS_IPATH_SDP ? sdp_of(s) : NULL;
     int r;
-    if (sdp) {
-        r = rs_sdp_shutdown(sdp, how);
-        rs_sdp_release(sdp);
-    } else if (path == RS_IPATH_SDP) {
-        r = -EBADF;         /* inherited across fork (docs/interception.md) */
-    } else {
-        r = RS_REAL(shutdown)(fd, how) ? -errno : 0;
-    }
+    do {
+        rs_isock_settle_connect(s, fd);
+        int claim = follow(s);
+        enum rs_isock_path path = rs_isock_path_now(s);
+        struct rs_sdp_sock *sdp = path == RS_IPATH_SDP ? sdp_of(s) : NULL;
+        if (sdp) {
+            r = rs_sdp_shutdown(sdp, how);
+            rs_sdp_release(sdp);
+        } else if (claim < 0) {
+            r = claim;          /* inherited across fork and not usable here (docs/interception.md) */
+        } else if (path == RS_IPATH_SDP) {
+            r = -EBADF;
+        } else {
+            r = RS_REAL(shutdown)(fd, how) ? -errno : 0;
+        }
+    } while (repeat_after(s, &r));
     rs_isock_put(s);
     return (int)rs_ret(r);
 }
@@ -289,6 +313,8 @@ RS_EXPORT int ioctl(int fd, unsigned long req, ...)
     if (!s)
         return RS_REAL(ioctl)(fd, req, arg);
     int r;
+again:
+    (void)follow(s);
     enum rs_isock_path path = rs_isock_path_now(s);
     struct rs_sdp_sock *sdp = path == RS_IPATH_SDP ? sdp_of(s) : NULL;
     if (req == FIONBIO) {
@@ -298,6 +324,10 @@ RS_EXPORT int ioctl(int fd, unsigned long req, ...)
     } else if ((req == FIONREAD || req == SIOCOUTQ) && (sdp || path == RS_IPATH_DGRAM)) {
         int v = sdp ? (req == FIONREAD ? rs_sdp_inq(sdp) : rs_sdp_outq(sdp))
                     : (req == FIONREAD ? rs_dgram_inq(s->dg) : 0);
+        if (sdp && repeat_after(s, &v)) {
+            rs_sdp_release(sdp);
+            goto again;
+        }
         if (v < 0) {
             r = fail(-v);
         } else if (!arg) {
@@ -323,8 +353,10 @@ RS_EXPORT int getsockopt(int fd, int level, int name, void *val, socklen_t *len)
     if (!s)
         return RS_REAL(getsockopt)(fd, level, name, val, len);
     rs_isock_settle_connect(s, fd);
-    enum rs_isock_path path = rs_isock_path_now(s);
+    (void)follow(s);            /* a claim that failed shows as SO_ERROR, as a reset connection does */
     int r;
+again:;
+    enum rs_isock_path path = rs_isock_path_now(s);
     if (level == SOL_SOCKET && name == SO_ERROR && s->pending_error && val && len && *len >= sizeof(int)) {
         pthread_mutex_lock(&s->lock);
         *(int *)val = s->pending_error;
@@ -339,6 +371,8 @@ RS_EXPORT int getsockopt(int fd, int level, int name, void *val, socklen_t *len)
         r = sdp ? rs_sdp_getsockopt(sdp, level, name, val, len) : -ENOPROTOOPT;
         if (sdp)
             rs_sdp_release(sdp);
+        if (repeat_after(s, &r))
+            goto again;
         if (r == -ENOPROTOOPT && level != RS_SOL_SDP)
             r = RS_REAL(getsockopt)(fd, level, name, val, len) ? -errno : 0;
     } else if (level == RS_SOL_SDP && path == RS_IPATH_LISTEN) {
@@ -362,8 +396,10 @@ RS_EXPORT int setsockopt(int fd, int level, int name, const void *val, socklen_t
     struct rs_isock *s = rs_isock_get(fd);
     if (!s)
         return RS_REAL(setsockopt)(fd, level, name, val, len);
-    enum rs_isock_path path = rs_isock_path_now(s);
+    (void)follow(s);
     int r;
+again:;
+    enum rs_isock_path path = rs_isock_path_now(s);
     if (path == RS_IPATH_DGRAM) {
         r = rs_dgram_setsockopt(s->dg, level, name, val, len);
     } else if (path == RS_IPATH_SDP || path == RS_IPATH_LISTEN) {
@@ -371,6 +407,8 @@ RS_EXPORT int setsockopt(int fd, int level, int name, const void *val, socklen_t
         r = sdp ? rs_sdp_setsockopt(sdp, level, name, val, len) : -ENOPROTOOPT;
         if (sdp)
             rs_sdp_release(sdp);
+        if (repeat_after(s, &r))
+            goto again;
         /* The kernel socket keeps what it understands too: a listener's plain TCP clients inherit it, and
          * options SDP does not model (IP_TOS, SO_PRIORITY, ...) are stored and read back as the kernel does. */
         if (level != RS_SOL_SDP) {
@@ -389,6 +427,9 @@ RS_EXPORT int setsockopt(int fd, int level, int name, const void *val, socklen_t
         if (r == 0 && path == RS_IPATH_UNDECIDED)
             rs_isock_save_opt(s, level, name, val, len);
     }
+    /* A kernel socket that takes the connection over after a hand-back gets it too. */
+    if (r == 0 && path != RS_IPATH_DGRAM)
+        rs_isock_record_opt(s, level, name, val, len);
     rs_isock_put(s);
     return (int)rs_ret(r);
 }
@@ -399,7 +440,10 @@ RS_EXPORT int getsockname(int fd, struct sockaddr *addr, socklen_t *len)
     if (!s)
         return RS_REAL(getsockname)(fd, addr, len);
     int r = 0;
-    if (rs_isock_path_now(s) == RS_IPATH_SDP && s->local_len) {
+    /* A connection handed back to kernel TCP keeps the addresses of its RDMA connection, as the kernel socket it
+     * stands for would (the kernel socket that carries it now has ports of its own). */
+    bool handed = rs_isock_path_now(s) == RS_IPATH_KERNEL && s->reason == RS_ISOCK_REASON_HANDED_BACK;
+    if ((rs_isock_path_now(s) == RS_IPATH_SDP || handed) && s->local_len) {
         if (!addr || !len)
             r = -EFAULT;
         else
@@ -418,7 +462,9 @@ RS_EXPORT int getpeername(int fd, struct sockaddr *addr, socklen_t *len)
         return RS_REAL(getpeername)(fd, addr, len);
     rs_isock_settle_connect(s, fd);
     int r;
-    if (rs_isock_path_now(s) == RS_IPATH_SDP) {
+    if (s->lost) {
+        r = -ENOTCONN;          /* as for a kernel connection that was reset */
+    } else if (rs_isock_path_now(s) == RS_IPATH_SDP || rs_isock_handed_back(s)) {
         if (__atomic_load_n(&s->connecting, __ATOMIC_ACQUIRE))
             r = -ENOTCONN;
         else if (!addr || !len)

@@ -820,8 +820,8 @@ wait_or_out:
             if (r != 0)
                 goto out;
         }
-        if (s->state == SDP_ST_CONNECTED) {
-            r = 0;
+        if (s->state == SDP_ST_CONNECTED || s->hb.phase != SDP_HB_NONE) {
+            r = 0;      /* (a hand-back the peer started at once: the connection exists, it continues on TCP) */
         } else {
             r = s->so_error ? -s->so_error : -ECONNREFUSED;
             s->so_error = 0;

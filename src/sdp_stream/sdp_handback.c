@@ -29,7 +29,6 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
-#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
@@ -39,6 +38,7 @@
 #include <unistd.h>
 
 #include "common/log.h"
+#include "common/thread.h"
 #include "sdp_stream/sdp_int.h"
 
 
@@ -238,14 +238,17 @@ static int capture(struct rs_sdp_sock *s, struct hb_tail *t)
 /* Nothing of ours in flight that the peer must still answer, and no application thread inside a transfer. */
 static bool quiet(const struct rs_sdp_sock *s)
 {
-    return !s->tx_busy && !s->rx_busy && !s->zsrc.active && !s->sink.active && !s->psrc.active &&
+    return s->state == SDP_ST_CONNECTED && !s->tx_busy && !s->rx_busy && !s->zsrc.active && !s->sink.active && !s->psrc.active &&
            !s->psrc.read_out && !s->zwrite_out && s->late_cancel_acks == 0 && s->owed_rd_compl == 0 &&
            s->owed_sink_cancel_acks == 0 && !s->owed_send_sm;
 }
 
+/* Alive: connected, or (responder) still waiting for its own ESTABLISHED while the peer's SuspComm is already here:
+ * a fork server can accept, fork and hand back before our CM event arrives. */
 static bool usable(const struct rs_sdp_sock *s)
 {
-    return s->state == SDP_ST_CONNECTED && !s->broken && !s->cm_gone;
+    return (s->state == SDP_ST_CONNECTED || s->state == SDP_ST_CONNECTING || s->state == SDP_ST_ACCEPTING) &&
+           !s->broken && !s->cm_gone;
 }
 
 /* Lock held: waits (uninterruptibly, the protocol must finish) until cond or the deadline; drives progress. */
@@ -386,18 +389,8 @@ static void *responder_main(void *arg)
 
 static int start_responder(struct rs_sdp_sock *s)
 {
-    pthread_attr_t attr;
-    pthread_attr_init(&attr);
-    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-    /* The application's signal handlers must not run on our thread. */
-    sigset_t all, old;
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &old);
     rs_sdp_get(s);
-    pthread_t th;
-    int r = pthread_create(&th, &attr, responder_main, s);
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
-    pthread_attr_destroy(&attr);
+    int r = rs_thread_start(NULL, responder_main, s, true);
     if (r != 0) {
         rs_sdp_put(s);
         return -r;

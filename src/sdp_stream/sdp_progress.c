@@ -25,6 +25,7 @@
 #include <ev.h>
 
 #include "common/log.h"
+#include "common/thread.h"
 #include "sdp_stream/sdp_int.h"
 
 enum pcmd_type { PCMD_ATTACH, PCMD_DETACH, PCMD_RETIME };
@@ -254,17 +255,12 @@ static int start_locked(void)
         return -ENOMEM;
     ev_async_init(&P.wake, wake_cb);
     ev_async_start(P.loop, &P.wake);
-    sigset_t all, old;
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &old);
-    int r = pthread_create(&P.thread, NULL, loop_main, NULL);
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    int r = rs_thread_start(&P.thread, loop_main, NULL, true);
     if (r != 0) {
         ev_loop_destroy(P.loop);
         P.loop = NULL;
         return -r;
     }
-    pthread_detach(P.thread);
     P.running = true;
     P.epoch = rs_sdp_epoch;
     return 0;

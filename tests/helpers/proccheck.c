@@ -15,13 +15,30 @@
  *   proccheck exec PORT
  *       with a connected pair (both ends close-on-exec, set two ways) and a listener (inherited), every exec
  *       function runs this program again in a forked child ("exec-child"), which checks its argv, its environment
- *       and which fds survived; then failed execs; the pair must still carry data in the parent after all that.
+ *       and which fds survived; then failed execs; the pair must still carry data in the parent after all that
+ *       (and, under PROCCHECK_EXPECT=rdma, still be on RDMA: the children never used it).
  *   proccheck daemon PORT STATUS_FILE
  *       listens, calls daemon(0, 0), checks what daemon() promises (new session, cwd /, fds 0-2 on /dev/null),
  *       serves one client on the inherited listener and writes "ok" or the failure into STATUS_FILE (and its pid
  *       into STATUS_FILE.pid).
  *   proccheck client PORT BYTES SEED
  *       one client as in prefork (for the daemon check).
+ *   proccheck forkconn PORT CLIENTS BYTES
+ *       a fork-per-connection server (socat fork, inetd): the parent accepts, forks a child per connection and
+ *       closes its copy at once; the child reads the client's BYTES upload (pattern and checksum) and answers with
+ *       BYTES of its own. Odd-numbered connections are served only after their upload arrived at the parent and
+ *       the child slept 300 ms, so the connection crosses into the child with unread data.
+ *   proccheck shared PORT BYTES
+ *       the parent and a forked child both hold one connection: the child reads what the client sent before the
+ *       fork, writes and reads a part and exits; then the parent writes and reads the rest. The client checks the
+ *       whole stream, the server every part.
+ *   proccheck execconn PORT BYTES
+ *       a connected socket without close-on-exec crosses an exec of this program ("execconn-image"), which reads
+ *       what the client sent before the exec, then more, and answers.
+ *
+ * In these three the connection must start on RDMA under PROCCHECK_EXPECT=rdma: the accepted socket answers
+ * rdmasock's SDP statistics option (and not on the kernel), and no kernel TCP connection uses PORT. After it crossed
+ * into another process it goes on over kernel TCP (docs/interception.md, "Processes"), on ports of its own.
  *
  * PROCCHECK_EXPECT=rdma|kernel adds an evidence check to every connection: an established kernel TCP connection
  * with PORT at either end must be absent (rdma: the bytes go through the RNIC, whose own connections use other
@@ -45,6 +62,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -569,6 +587,8 @@ static int mode_prefork(int port, int children, int clients, uint64_t bytes)
 
 /* ---- exec ---- */
 
+static bool check_started_on(int fd, int port, const char *what);
+
 static const char *const exec_variants[] = {"execve", "execv",   "execl",    "execle",  "execlp",
                                             "execvp", "execvpe", "execveat", "fexecve"};
 #define TOKEN_VAR "PROCCHECK_TOKEN"
@@ -711,6 +731,12 @@ static int mode_exec(int port)
         }
     }
 
+    /* Each child inherited the pair and never used it (its copies were close-on-exec): under rdmasock the pair is
+     * still the parent's RDMA connection, which a child takes over only when it uses it. */
+    if (!check_started_on(a, port, "exec: the pair after the children") ||
+        !check_started_on(b, port, "exec: the pair after the children"))
+        ok = false;
+
     /* Failed execs return here with errno set, and nothing of ours is disturbed. */
     char *const argv[] = {"nothing", NULL};
     errno = 0;
@@ -789,6 +815,443 @@ static int mode_daemon(int port, const char *status_path)
     return strcmp(verdict, "ok") == 0 ? 0 : 1;
 }
 
+/* ---- connections across fork and exec ---- */
+
+#define RS_SOL_SDP_LEVEL 0x5344         /* rdmasock's option level (src/sdp_stream/sdp.h RS_SOL_SDP) */
+#define RS_SDP_STATS_OPT 3              /* RS_SDP_STATS: answered by SDP connections only */
+
+/* True when fd is an rdmasock SDP connection of this process. */
+static bool on_sdp(int fd)
+{
+    unsigned char stats[1024];
+    socklen_t len = sizeof(stats);
+    return getsockopt(fd, RS_SOL_SDP_LEVEL, RS_SDP_STATS_OPT, stats, &len) == 0;
+}
+
+/* The evidence that a connection starts where PROCCHECK_EXPECT says: SDP (rdma) or the kernel. */
+static bool check_started_on(int fd, int port, const char *what)
+{
+    const char *expect = getenv("PROCCHECK_EXPECT");
+    if (!expect || !*expect)
+        return true;
+    bool sdp = on_sdp(fd);
+    errno = 0;
+    if (strcmp(expect, "rdma") == 0 && !sdp)
+        return fail("%s: the connection is not an rdmasock SDP connection", what);
+    if (strcmp(expect, "kernel") == 0 && sdp)
+        return fail("%s: the connection answers rdmasock's SDP option on the kernel", what);
+    return check_path(port);
+}
+
+/* Waits until fd has at least `bytes` to read (FIONREAD), at most timeout_ms. */
+static bool wait_unread(int fd, int bytes, int timeout_ms)
+{
+    for (int waited = 0;; waited += 10) {
+        int n = 0;
+        if (ioctl(fd, FIONREAD, &n) != 0)
+            return fail("FIONREAD");
+        if (n >= bytes)
+            return true;
+        if (waited >= timeout_ms) {
+            errno = 0;
+            return fail("only %d of %d bytes arrived within %d ms", n, bytes, timeout_ms);
+        }
+        sleep_ms(10);
+    }
+}
+
+/* Writes `bytes` of stream `seed`; adds them to *sum. */
+static bool send_stream(int fd, uint64_t seed, uint64_t bytes, uint64_t *sum)
+{
+    unsigned char *buf = malloc(CHUNK);
+    uint64_t state = seed | 1;
+    bool ok = buf != NULL;
+    for (uint64_t sent = 0; ok && sent < bytes;) {
+        size_t n = bytes - sent < CHUNK ? (size_t)(bytes - sent) : CHUNK;
+        fill_pattern(&state, buf, n);
+        *sum = fnv1a(*sum, buf, n);
+        ok = write_all(fd, buf, n);
+        sent += n;
+    }
+    free(buf);
+    return ok;
+}
+
+/* Reads `bytes` and checks them against stream `seed`; adds them to *sum. */
+static bool recv_stream(int fd, uint64_t seed, uint64_t bytes, uint64_t *sum, const char *what)
+{
+    unsigned char *got = malloc(CHUNK), *want = malloc(CHUNK);
+    uint64_t state = seed | 1;
+    bool ok = got && want;
+    for (uint64_t done = 0; ok && done < bytes;) {
+        size_t n = bytes - done < CHUNK ? (size_t)(bytes - done) : CHUNK;
+        ok = read_all(fd, got, n);
+        fill_pattern(&state, want, n);
+        if (ok && memcmp(got, want, n) != 0) {
+            size_t at = 0;
+            while (got[at] == want[at])
+                at++;
+            errno = 0;
+            ok = fail("%s: byte %llu of %llu differs", what, (unsigned long long)(done + at),
+                      (unsigned long long)bytes);
+        }
+        if (ok)
+            *sum = fnv1a(*sum, got, n);
+        done += n;
+    }
+    free(got);
+    free(want);
+    return ok;
+}
+
+/* Both ends compare their checksums of everything that went one way: the receiver sends its sum, the sender
+ * compares. */
+static bool sum_matches(int fd, uint64_t mine, const char *what)
+{
+    uint64_t theirs = 0;
+    if (!read_all(fd, &theirs, sizeof(theirs)))
+        return false;
+    if (theirs != mine) {
+        errno = 0;
+        return fail("%s: the peer's checksum %016llx, ours %016llx", what, (unsigned long long)theirs,
+                    (unsigned long long)mine);
+    }
+    return true;
+}
+
+static bool wait_child(pid_t pid, const char *what)
+{
+    int status = 0;
+    if (waitpid(pid, &status, 0) != pid)
+        return fail("waitpid %s", what);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        errno = 0;
+        return fail("%s (pid %d) ended with status 0x%x", what, (int)pid, status);
+    }
+    return true;
+}
+
+/* forkconn: the request each client sends first. */
+struct fc_request { uint64_t up, down, seed; };
+struct fc_reply { int64_t pid; uint64_t up_sum; };
+
+struct fc_client {
+    int port, index;
+    uint64_t bytes;
+    pid_t served_by;
+    bool ok;
+};
+
+/*
+ * Client i connects once client i-1 has its answer header, i.e. once the server forked i-1's child and went back to
+ * accept: the transfers overlap, the connects do not meet a fork. (Under rdmasock a fork parks the parent's
+ * listener, and a connection that waits in its RDMA accept queue at that moment is reset, where the kernel keeps it
+ * in the backlog: a listener matter, docs/interception.md, not what this check is about.)
+ */
+static pthread_mutex_t fc_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t fc_cond = PTHREAD_COND_INITIALIZER;
+static int fc_answered;
+
+static void fc_turn_done(void)
+{
+    pthread_mutex_lock(&fc_lock);
+    fc_answered++;
+    pthread_cond_broadcast(&fc_cond);
+    pthread_mutex_unlock(&fc_lock);
+}
+
+static void *fc_client_thread(void *arg)
+{
+    struct fc_client *c = arg;
+    c->ok = false;
+    pthread_mutex_lock(&fc_lock);
+    while (fc_answered < c->index)
+        pthread_cond_wait(&fc_cond, &fc_lock);
+    pthread_mutex_unlock(&fc_lock);
+    int fd = connect_to(c->port);
+    if (fd < 0) {
+        fc_turn_done();
+        return NULL;
+    }
+    uint64_t seed = 0xf0c0ull + (uint64_t)c->index * 7919u;
+    struct fc_request req = { c->bytes, c->bytes, seed };
+    uint64_t up_sum = FNV_START, down_sum = FNV_START;
+    struct fc_reply rep;
+    char what[64];
+    snprintf(what, sizeof(what), "forkconn client %d", c->index);
+    /* The whole upload goes out before anything is read: for a slow child it waits in the connection. */
+    bool ok = write_all(fd, &req, sizeof(req)) && check_path(c->port) && send_stream(fd, seed, c->bytes, &up_sum) &&
+              read_all(fd, &rep, sizeof(rep));
+    fc_turn_done();
+    if (ok && rep.up_sum != up_sum) {
+        errno = 0;
+        ok = fail("%s: the server's checksum of the upload %016llx, ours %016llx", what,
+                  (unsigned long long)rep.up_sum, (unsigned long long)up_sum);
+    }
+    ok = ok && recv_stream(fd, ~seed, c->bytes, &down_sum, what) && sum_matches(fd, down_sum, what);
+    char end;
+    if (ok && read(fd, &end, 1) != 0) {
+        errno = 0;
+        ok = fail("%s: no end of stream after the answer", what);
+    }
+    c->served_by = (pid_t)rep.pid;
+    close(fd);
+    c->ok = ok;
+    return NULL;
+}
+
+/* The child that serves one forkconn connection. */
+static int fc_serve(int fd, bool slow)
+{
+    if (slow)
+        sleep_ms(300);          /* more of the upload piles up in the connection before we read */
+    struct fc_request req;
+    uint64_t up_sum = FNV_START, down_sum = FNV_START;
+    if (!read_all(fd, &req, sizeof(req)) || req.up > (1ull << 32) || req.down > (1ull << 32))
+        return fail("forkconn child: request"), 1;
+    if (!recv_stream(fd, req.seed, req.up, &up_sum, "forkconn child: upload"))
+        return 1;
+    struct fc_reply rep = { getpid(), up_sum };
+    if (!write_all(fd, &rep, sizeof(rep)) || !send_stream(fd, ~req.seed, req.down, &down_sum) ||
+        !write_all(fd, &down_sum, sizeof(down_sum)))
+        return 1;
+    return close(fd) == 0 ? 0 : 1;
+}
+
+static int mode_forkconn(int port, int clients, uint64_t bytes)
+{
+    if (clients < 1 || clients > 64)
+        return fail("bad counts"), 2;
+    int lfd = listen_on(port);
+    if (lfd < 0)
+        return 1;
+    pid_t server = getpid();
+    pid_t client_proc = fork();
+    if (client_proc < 0)
+        return fail("fork"), 1;
+    if (client_proc == 0) {
+        /* The clients, in a process of their own: threads connecting all at once. */
+        prctl(PR_SET_PDEATHSIG, SIGTERM);
+        close(lfd);
+        pthread_t threads[64];
+        struct fc_client jobs[64];
+        for (int i = 0; i < clients; i++) {
+            jobs[i] = (struct fc_client){ .port = port, .index = i, .bytes = bytes };
+            if (pthread_create(&threads[i], NULL, fc_client_thread, &jobs[i]) != 0)
+                _exit(3);
+        }
+        bool ok = true;
+        for (int i = 0; i < clients; i++) {
+            pthread_join(threads[i], NULL);
+            ok &= jobs[i].ok;
+            if (jobs[i].ok && (jobs[i].served_by == server || jobs[i].served_by <= 0)) {
+                errno = 0;
+                ok = fail("forkconn client %d: served by pid %d, not by a child", i, (int)jobs[i].served_by);
+            }
+        }
+        _exit(ok ? 0 : 4);
+    }
+
+    report_crashes();
+    bool ok = true;
+    pid_t children[64];
+    int nchildren = 0;
+    for (int i = 0; i < clients; i++) {
+        int c = accept(lfd, NULL, NULL);
+        if (c < 0) {
+            ok = fail("accept");
+            break;
+        }
+        bool slow = i % 2 == 1;
+        char what[64];
+        snprintf(what, sizeof(what), "forkconn connection %d", i);
+        /* The connection is on RDMA here; a slow one carries unread data into its child. */
+        if (!check_started_on(c, port, what) || (slow && !wait_unread(c, 4096, 10000)))
+            ok = false;
+        pid_t pid = fork();
+        if (pid < 0) {
+            ok = fail("fork");
+            close(c);
+            break;
+        }
+        if (pid == 0) {
+            prctl(PR_SET_PDEATHSIG, SIGTERM);
+            close(lfd);
+            _exit(fc_serve(c, slow));
+        }
+        children[nchildren++] = pid;
+        close(c);               /* what a fork-per-connection server does at once */
+    }
+    for (int i = 0; i < nchildren; i++)
+        ok &= wait_child(children[i], "a forkconn child");
+    ok &= wait_child(client_proc, "the forkconn clients");
+    close(lfd);
+    if (ok)
+        note("forkconn: %d connections of %llu bytes each way served by forked children", clients,
+             (unsigned long long)bytes);
+    return ok ? 0 : 1;
+}
+
+/* shared: the stream, part by part. X: client, before the fork; A: child; B: client; C: parent; D: client. */
+#define SH_SEED_X 0x5a11ull
+#define SH_SEED_A 0xa11aull
+#define SH_SEED_B 0xb22bull
+#define SH_SEED_C 0xc33cull
+#define SH_SEED_D 0xd44dull
+
+static int mode_shared(int port, uint64_t bytes)
+{
+    int lfd = listen_on(port);
+    if (lfd < 0)
+        return 1;
+    uint64_t prelude = bytes / 4 ? bytes / 4 : 1;
+    pid_t client_proc = fork();
+    if (client_proc < 0)
+        return fail("fork"), 1;
+    if (client_proc == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGTERM);
+        close(lfd);
+        int fd = connect_to(port);
+        uint64_t sent = FNV_START, got = FNV_START;
+        bool ok = fd >= 0 && check_path(port) && send_stream(fd, SH_SEED_X, prelude, &sent) &&
+                  recv_stream(fd, SH_SEED_A, bytes, &got, "shared client: part A (from the child)") &&
+                  send_stream(fd, SH_SEED_B, bytes, &sent) &&
+                  recv_stream(fd, SH_SEED_C, bytes, &got, "shared client: part C (from the parent)") &&
+                  send_stream(fd, SH_SEED_D, bytes, &sent) && sum_matches(fd, sent, "shared client: all it sent");
+        ok = ok && write_all(fd, &got, sizeof(got));
+        char end;
+        if (ok && read(fd, &end, 1) != 0) {
+            errno = 0;
+            ok = fail("shared client: no end of stream");
+        }
+        _exit(ok ? 0 : 4);
+    }
+    report_crashes();
+    int c = accept(lfd, NULL, NULL);
+    if (c < 0)
+        return fail("accept"), 1;
+    close(lfd);
+    bool ok = check_started_on(c, port, "shared connection") && wait_unread(c, 4096, 10000);
+    uint64_t got = FNV_START, sent = FNV_START;
+    pid_t child = fork();
+    if (child < 0)
+        return fail("fork"), 1;
+    if (child == 0) {
+        /* Its copy: reads what arrived before the fork, writes A, reads B, and leaves the rest to the parent. */
+        prctl(PR_SET_PDEATHSIG, SIGTERM);
+        bool child_ok = recv_stream(c, SH_SEED_X, prelude, &got, "shared child: prelude X") &&
+                        send_stream(c, SH_SEED_A, bytes, &sent) &&
+                        recv_stream(c, SH_SEED_B, bytes, &got, "shared child: part B");
+        exit(child_ok ? 0 : 5);
+    }
+    ok &= wait_child(child, "the shared child");
+    /* The parent goes on where the child stopped: the sums include the child's parts, computed again here. */
+    uint64_t state_sum = FNV_START;
+    unsigned char *buf = malloc(CHUNK);
+    uint64_t parts[][2] = { { SH_SEED_X, prelude }, { SH_SEED_B, bytes } };
+    for (size_t p = 0; p < 2 && buf; p++) {
+        uint64_t st = parts[p][0] | 1;
+        for (uint64_t done = 0; done < parts[p][1];) {
+            size_t n = parts[p][1] - done < CHUNK ? (size_t)(parts[p][1] - done) : CHUNK;
+            fill_pattern(&st, buf, n);
+            state_sum = fnv1a(state_sum, buf, n);
+            done += n;
+        }
+    }
+    uint64_t child_sent = FNV_START, st = SH_SEED_A | 1;
+    for (uint64_t done = 0; buf && done < bytes;) {
+        size_t n = bytes - done < CHUNK ? (size_t)(bytes - done) : CHUNK;
+        fill_pattern(&st, buf, n);
+        child_sent = fnv1a(child_sent, buf, n);
+        done += n;
+    }
+    free(buf);
+    got = state_sum;
+    sent = child_sent;
+    ok = ok && send_stream(c, SH_SEED_C, bytes, &sent) &&
+         recv_stream(c, SH_SEED_D, bytes, &got, "shared parent: part D") && write_all(c, &got, sizeof(got)) &&
+         sum_matches(c, sent, "shared parent: all the server sent");
+    close(c);
+    ok &= wait_child(client_proc, "the shared client");
+    if (ok)
+        note("shared: the child and then the parent used one connection, %llu bytes per part",
+             (unsigned long long)bytes);
+    return ok ? 0 : 1;
+}
+
+/* execconn: X (client, before the exec), then the new image acknowledges, Y (client), Z (new image). */
+#define EX_SEED_X 0xe1ull
+#define EX_SEED_Y 0xe2ull
+#define EX_SEED_Z 0xe3ull
+
+static int mode_execconn(int port, uint64_t bytes)
+{
+    int lfd = listen_on(port);
+    if (lfd < 0)
+        return 1;
+    pid_t client_proc = fork();
+    if (client_proc < 0)
+        return fail("fork"), 1;
+    if (client_proc == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGTERM);
+        close(lfd);
+        int fd = connect_to(port);
+        uint64_t sent = FNV_START, got = FNV_START;
+        bool ok = fd >= 0 && check_path(port) && send_stream(fd, EX_SEED_X, bytes, &sent) &&
+                  sum_matches(fd, sent, "execconn client: X") && send_stream(fd, EX_SEED_Y, bytes, &sent) &&
+                  recv_stream(fd, EX_SEED_Z, bytes, &got, "execconn client: Z (from the new image)") &&
+                  sum_matches(fd, sent, "execconn client: X and Y") && write_all(fd, &got, sizeof(got));
+        char end;
+        if (ok && read(fd, &end, 1) != 0) {
+            errno = 0;
+            ok = fail("execconn client: no end of stream");
+        }
+        _exit(ok ? 0 : 4);
+    }
+    int c = accept4(lfd, NULL, NULL, 0);        /* no close-on-exec: it crosses the exec */
+    if (c < 0)
+        return fail("accept"), 1;
+    fcntl(lfd, F_SETFD, FD_CLOEXEC);
+    /* On RDMA, with the client's data waiting unread when the exec comes. */
+    if (!check_started_on(c, port, "execconn connection") ||
+        !wait_unread(c, bytes < 16384 ? (int)bytes : 16384, 10000))
+        return 1;
+    char fd_arg[16], port_arg[16], bytes_arg[32], pid_arg[16];
+    snprintf(fd_arg, sizeof(fd_arg), "%d", c);
+    snprintf(port_arg, sizeof(port_arg), "%d", port);
+    snprintf(bytes_arg, sizeof(bytes_arg), "%llu", (unsigned long long)bytes);
+    snprintf(pid_arg, sizeof(pid_arg), "%d", (int)client_proc);
+    char *const argv[] = { "proccheck", "execconn-image", fd_arg, port_arg, bytes_arg, pid_arg, NULL };
+    execv(self_path, argv);
+    return fail("execv"), 1;
+}
+
+/* The image after the exec: rdmasock (when preloaded) starts afresh and knows nothing of the fd. */
+static int mode_execconn_image(int fd, int port, uint64_t bytes, pid_t client_proc)
+{
+    bool ok = true;
+    struct sockaddr_storage peer;
+    socklen_t plen = sizeof(peer);
+    if (getpeername(fd, (struct sockaddr *)&peer, &plen) != 0)
+        ok = fail("execconn image: fd %d is not a connected socket", fd);
+    if (ok && on_sdp(fd)) {
+        errno = 0;
+        ok = fail("execconn image: fd %d is an SDP connection of the new image", fd);
+    }
+    uint64_t got = FNV_START, sent = FNV_START;
+    ok = ok && recv_stream(fd, EX_SEED_X, bytes, &got, "execconn image: X (sent before the exec)") &&
+         write_all(fd, &got, sizeof(got)) &&
+         recv_stream(fd, EX_SEED_Y, bytes, &got, "execconn image: Y") && send_stream(fd, EX_SEED_Z, bytes, &sent) &&
+         write_all(fd, &got, sizeof(got)) && sum_matches(fd, sent, "execconn image: Z");
+    close(fd);
+    ok &= wait_child(client_proc, "the execconn client");
+    (void)port;
+    if (ok)
+        note("execconn: the connection crossed the exec with %llu bytes unread and carried %llu more each way",
+             (unsigned long long)bytes, (unsigned long long)bytes);
+    return ok ? 0 : 1;
+}
+
 static int mode_client(int port, uint64_t bytes, uint64_t seed)
 {
     int fd = connect_to(port);
@@ -808,7 +1271,10 @@ static int usage(void)
                     "       proccheck prefork PORT CHILDREN CLIENTS BYTES\n"
                     "       proccheck exec PORT\n"
                     "       proccheck daemon PORT STATUS_FILE\n"
-                    "       proccheck client PORT BYTES SEED\n");
+                    "       proccheck client PORT BYTES SEED\n"
+                    "       proccheck forkconn PORT CLIENTS BYTES\n"
+                    "       proccheck shared PORT BYTES\n"
+                    "       proccheck execconn PORT BYTES\n");
     return 2;
 }
 
@@ -828,6 +1294,14 @@ int main(int argc, char **argv)
         return mode_exec(atoi(argv[2]));
     if (argc == 4 && strcmp(argv[1], "daemon") == 0)
         return mode_daemon(atoi(argv[2]), argv[3]);
+    if (argc == 5 && strcmp(argv[1], "forkconn") == 0)
+        return mode_forkconn(atoi(argv[2]), atoi(argv[3]), strtoull(argv[4], NULL, 0));
+    if (argc == 4 && strcmp(argv[1], "shared") == 0)
+        return mode_shared(atoi(argv[2]), strtoull(argv[3], NULL, 0));
+    if (argc == 4 && strcmp(argv[1], "execconn") == 0)
+        return mode_execconn(atoi(argv[2]), strtoull(argv[3], NULL, 0));
+    if (argc == 6 && strcmp(argv[1], "execconn-image") == 0)
+        return mode_execconn_image(atoi(argv[2]), atoi(argv[3]), strtoull(argv[4], NULL, 0), (pid_t)atoi(argv[5]));
     if (argc == 5 && strcmp(argv[1], "client") == 0)
         return mode_client(atoi(argv[2]), strtoull(argv[3], NULL, 0), strtoull(argv[4], NULL, 0));
     return usage();

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Processes and signals over rdmasock (issue 6 item 6): tests/helpers/proccheck checks SA_RESTART and EINTR in a
 # blocked recv/accept, a prefork server (the parent listens, children accept and serve checksummed data), exec of
-# every exec function with close-on-exec and inherited sockets, and daemon() with a listener made before it.
+# every exec function with close-on-exec and inherited sockets, daemon() with a listener made before it, and
+# connections that cross into another process: a fork-per-connection server, one connection used by a parent and
+# its child in turn, and a connection that survives exec (under the preload each starts on RDMA and continues on
+# kernel TCP once it crossed over, docs/interception.md "Processes").
 #
 # Every check runs twice:
 #   kernel   without the preload: the control, which must pass on any Linux (evidence: kernel TCP connections on
@@ -31,8 +34,11 @@ checks=(
     "recv with SO_RCVTIMEO returns EINTR even with SA_RESTART|signal recv-timeo restart @4"
     "prefork: 4 children accept on the parent's listener, 16 clients check 1 MiB each|prefork @5 4 16 1048576"
     "exec: 9 exec functions, close-on-exec sockets closed, inherited listener kept, failed execs harmless|exec @6"
+    "forkconn: a child forked per accepted connection serves it after the parent closed its copy, 8 clients x 4 MiB each way, half with unread data at the fork|forkconn @8 8 4194304"
+    "shared: one connection used by a forked child (reads what came before the fork, 2 MiB each way), then by the parent (2 MiB each way), stream intact|shared @9 2097152"
+    "execconn: a connection without close-on-exec survives exec: the new image reads the 4 MiB sent before the exec, then 4 MiB more each way|execconn @10 4194304"
 )
-nports=8    # the checks above use @0..@6, daemon uses @7
+nports=11   # the checks above use @0..@6 and @8..@10, daemon uses @7
 
 port_busy() { ss -Htan 2>/dev/null | awk '{print $4}' | grep -qE "[:.]$1\$"; }
 

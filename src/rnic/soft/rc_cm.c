@@ -844,7 +844,6 @@ static void pending_timer_cb(struct rs_soft_timer *t, void *arg)
 
 static void listener_cb(struct rs_soft_watch *w, int fd, unsigned revents, void *arg)
 {
-    (void)w;
     (void)revents;
     struct rs_rc_listener *l = arg;
     static const uint8_t greeting[RS_RC_GREETING_LEN] = RS_RC_GREETING;
@@ -855,7 +854,7 @@ static void listener_cb(struct rs_soft_watch *w, int fd, unsigned revents, void 
         if (!intake_open(l)) {
             if (!l->overdue) {
                 /* The rest is for the processes that ask, unless it waits too long. */
-                rs_soft_watch_set(l->watch, 0);
+                rs_soft_watch_set(w, 0);
                 rs_soft_timer_arm(l->grace, RS_RC_SHARED_GRACE_MS);
                 return;
             }

@@ -23,6 +23,7 @@
 #include <ev.h>
 
 #include "common/log.h"
+#include "common/thread.h"
 #include "rnic/soft/soft.h"
 
 struct rs_soft_call {
@@ -189,13 +190,8 @@ int rs_soft_progress_start(struct rs_soft_device *dev)
     /* The loop keeps running while only the wake-up watcher is active. */
     dev->progress = p;
 
-    /* The thread starts with every signal blocked, so the host program's handlers always run on its own threads
-     * (a handler interrupting the loop could otherwise re-enter the library). */
-    sigset_t all, saved;
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &saved);
-    int rc = pthread_create(&p->thread, NULL, loop_main, p);
-    pthread_sigmask(SIG_SETMASK, &saved, NULL);
+    /* Every signal blocked (thread.h): a handler interrupting the loop could otherwise re-enter the library. */
+    int rc = rs_thread_start(&p->thread, loop_main, p, false);
     if (rc != 0) {
         progress_free(dev);
         return -rc;
