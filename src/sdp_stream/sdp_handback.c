@@ -320,6 +320,38 @@ static void hb_failed(struct rs_sdp_sock *s, int err)
     rs_sdp_signal(s);
 }
 
+/* ---- the TCP exchange (the order is the protocol: docs/sdp.md, "Hand-back") ---- */
+
+/* Our header and residue: what the peer reads and sends back. */
+static int send_residue(int fd, uint64_t token, const struct hb_tail *t, uint64_t deadline_ms)
+{
+    uint8_t hdr[RS_SDP_HB_HDR_LEN];
+    rs_sdp_hb_hdr_encode(hdr, token, t->residue);
+    int r = write_all(fd, hdr, sizeof(hdr), deadline_ms);
+    return r < 0 ? r : write_all(fd, t->data, t->residue, deadline_ms);
+}
+
+/* The peer's residue (its header already read): exactly len bytes, nothing of what follows. */
+static int recv_residue(int fd, uint64_t len, uint8_t **out, uint64_t deadline_ms)
+{
+    *out = malloc(len + 1);
+    if (!*out)
+        return -ENOMEM;
+    return read_exact(fd, *out, len, deadline_ms);
+}
+
+/* The peer's residue goes back to it, then what our application wrote and never sent; the write side then closes
+ * if our application had shut it. */
+static int send_tail(int fd, const uint8_t *echo, uint64_t echo_len, const struct hb_tail *t, uint64_t deadline_ms)
+{
+    int r = write_all(fd, echo, echo_len, deadline_ms);
+    if (r >= 0)
+        r = write_all(fd, t->data + t->residue, t->unsent, deadline_ms);
+    if (r >= 0 && t->shut_wr)
+        (void)syscall(SYS_shutdown, fd, SHUT_WR);
+    return r;
+}
+
 /* ---- the responder ---- */
 
 static void *responder_main(void *arg)
@@ -349,28 +381,17 @@ static void *responder_main(void *arg)
 
     if (r == 0)
         fd = r = connect_tcp(&peer, port, deadline);
-    if (r >= 0) {
-        rs_sdp_hb_hdr_encode(hdr, token, t.residue);
-        r = write_all(fd, hdr, sizeof(hdr), deadline);
-    }
     if (r >= 0)
-        r = write_all(fd, t.data, t.residue, deadline);
+        r = send_residue(fd, token, &t, deadline);
     uint64_t peer_len = 0;
     if (r >= 0)
         r = read_exact(fd, hdr, sizeof(hdr), deadline);
     if (r >= 0)
         r = rs_sdp_hb_hdr_decode(hdr, sizeof(hdr), token, &peer_len);
-    if (r >= 0 && !(peer_residue = malloc(peer_len + 1)))
-        r = -ENOMEM;
     if (r >= 0)
-        r = read_exact(fd, peer_residue, peer_len, deadline);
-    /* The initiator's residue goes back to it, then what our application wrote and never sent. */
+        r = recv_residue(fd, peer_len, &peer_residue, deadline);
     if (r >= 0)
-        r = write_all(fd, peer_residue, peer_len, deadline);
-    if (r >= 0)
-        r = write_all(fd, t.data + t.residue, t.unsent, deadline);
-    if (r >= 0 && t.shut_wr)
-        (void)syscall(SYS_shutdown, fd, SHUT_WR);
+        r = send_tail(fd, peer_residue, peer_len, &t, deadline);
     free(peer_residue);
     free(t.data);
 
@@ -508,28 +529,16 @@ int rs_sdp_handback(struct rs_sdp_sock *s, int timeout_ms)
         goto failed;
     pthread_mutex_unlock(&s->lock);
 
-    int fd = -1;
-    uint8_t hdr[RS_SDP_HB_HDR_LEN];
     uint64_t peer_len = 0;
     uint8_t *peer_residue = NULL;
-    fd = accept_peer(lfd, token, &peer_len, deadline);
+    int fd = accept_peer(lfd, token, &peer_len, deadline);
     r = fd;
-    if (r >= 0 && !(peer_residue = malloc(peer_len + 1)))
-        r = -ENOMEM;
     if (r >= 0)
-        r = read_exact(fd, peer_residue, peer_len, deadline);
-    if (r >= 0) {
-        rs_sdp_hb_hdr_encode(hdr, token, t.residue);
-        r = write_all(fd, hdr, sizeof(hdr), deadline);
-    }
+        r = recv_residue(fd, peer_len, &peer_residue, deadline);
     if (r >= 0)
-        r = write_all(fd, t.data, t.residue, deadline);
+        r = send_residue(fd, token, &t, deadline);
     if (r >= 0)
-        r = write_all(fd, peer_residue, peer_len, deadline);
-    if (r >= 0)
-        r = write_all(fd, t.data + t.residue, t.unsent, deadline);
-    if (r >= 0 && t.shut_wr)
-        (void)syscall(SYS_shutdown, fd, SHUT_WR);
+        r = send_tail(fd, peer_residue, peer_len, &t, deadline);
     free(peer_residue);
     free(t.data);
     hb_close(lfd);
