@@ -122,6 +122,7 @@ enum rs_stats_config_status {
     RS_STATS_CONFIG_NONE = 0,               /* no configuration file used */
     RS_STATS_CONFIG_OK = 1,
     RS_STATS_CONFIG_ERROR = 2,              /* see config_error */
+    RS_STATS_CONFIG_LOADING = 3,            /* the library has not finished reading it yet */
 };
 
 struct rs_stats_header {

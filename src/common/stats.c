@@ -180,9 +180,19 @@ static uint64_t process_start_realtime_ns(uint64_t start_ticks)
 
 /* ---- area creation ---- */
 
+/* Set by rs_stats_expect_config before the area exists; see stats.h. */
+static bool config_expected;
+
+void rs_stats_expect_config(void)
+{
+    config_expected = true;
+}
+
 static void fill_header(struct rs_stats_area *area, pid_t pid, const char *program)
 {
     struct rs_stats_header *h = &area->header;
+    if (config_expected)
+        h->config_status = RS_STATS_CONFIG_LOADING;
     h->layout_version = RS_STATS_LAYOUT_VERSION;
     h->header_size = sizeof(struct rs_stats_header);
     h->total_size = sizeof(struct rs_stats_area);
@@ -676,7 +686,7 @@ static const char *const role_names[RS_STATS_ROLE_COUNT] = {
 static const char *const state_names[RS_STATS_STATE_COUNT] = {
     "created", "bound", "listening", "connecting", "connected", "closing", "closed", "error",
 };
-static const char *const config_status_names[] = { "none", "ok", "error" };
+static const char *const config_status_names[] = { "none", "ok", "error", "loading" };
 static const char *const liveness_names[] = {
     "live", "stale (process gone)", "stale (pid reused)", "initializing", "invalid",
 };

@@ -40,6 +40,14 @@
  */
 int rs_stats_init(const char *program_name);
 
+/*
+ * The process is about to read its configuration: an area created after
+ * this call says "loading" until rs_stats_set_config, so a reader that
+ * looks in between is not told "no configuration". Call before
+ * rs_stats_init.
+ */
+void rs_stats_expect_config(void);
+
 /* The current process's area, created if needed; never NULL. */
 struct rs_stats_area *rs_stats_get(void);
 

@@ -7,6 +7,7 @@
 __attribute__((constructor)) static void rs_library_init(void)
 {
     rs_log_configure_from_env();
+    rs_stats_expect_config();
     rs_stats_init(NULL);
     const struct rs_policy *policy = rs_policy_get();
     RS_DEBUG("rdmasock %s loaded in %s: transport %s%s", RS_VERSION, policy->program,
