@@ -206,6 +206,10 @@ struct rs_sdp_stats {
     uint32_t credits_now;                           /* messages we may send now */
     uint32_t rx_bufs, rx_buf_size;                  /* our receive ring */
     uint32_t peer_buf_size;                         /* the peer's receive buffers (largest message we send) */
+    uint32_t cq_left_to_app;                        /* 1 while the progress thread leaves the CQ to the
+                                                     * application's threads (sdp_conn.c "CQ duty") */
+    uint64_t progress_cq_wakeups;                   /* CQ notifications the progress thread handled */
+    uint64_t cq_handovers;                          /* times it left the CQ to the application's threads */
 };
 
 int rs_sdp_setsockopt(struct rs_sdp_sock *s, int level, int name, const void *val, socklen_t len);

@@ -192,6 +192,11 @@ struct rs_sdp_sock {
     bool notify_on;
     uint16_t interest_count[16];    /* per poll bit */
     struct sdp_waiter *waiters;
+    /* CQ duty (sdp_conn.c): who looks at the CQ. Under the lock; cq_lazy is written on the loop thread only. */
+    unsigned app_poll_misses;       /* nonblocking calls that found nothing since the progress thread looked */
+    int cq_waiters;                 /* application threads asleep on the CQ fd */
+    bool app_waited;                /* one slept on the CQ fd since the progress thread looked */
+    bool cq_lazy;                   /* the progress thread has left the CQ to application threads */
 
     /* receive ring */
     uint32_t rbuf_size;             /* each buffer, BSDH included */
@@ -377,6 +382,9 @@ void rs_sdp_exit_close(struct rs_sdp_sock *s);
 uint64_t rs_sdp_on_cq(struct rs_sdp_sock *s);
 uint64_t rs_sdp_on_cm(struct rs_sdp_sock *s);
 uint64_t rs_sdp_on_timer(struct rs_sdp_sock *s);
+/* A nonblocking call on a connected socket found nothing to do (lock held): counts towards "an application
+ * thread polls this socket", which lets the progress thread leave the CQ to it. */
+void rs_sdp_note_poll_miss(struct rs_sdp_sock *s);
 /* Processes CM events and completions, then pushes what became possible; lock held. */
 void rs_sdp_progress(struct rs_sdp_sock *s);
 /* Moves the connection to CLOSED with err (positive errno, 0 for none) and resets the QP; lock held. */

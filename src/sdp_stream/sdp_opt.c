@@ -404,6 +404,7 @@ int rs_sdp_getsockopt(struct rs_sdp_sock *s, int level, int name, void *val, soc
             int32_t c = rs_sdp_credits(s);
             st.credits_now = c > 0 ? (uint32_t)c : 0;
             st.zcopy_threshold_now = rs_sdp_zthresh(s);
+            st.cq_left_to_app = s->cq_lazy;
             socklen_t n = *len < (socklen_t)sizeof(st) ? *len : (socklen_t)sizeof(st);
             memcpy(val, &st, n);
             *len = n;

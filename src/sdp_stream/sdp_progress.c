@@ -43,6 +43,7 @@ struct pw {
     ev_io cq_w, cm_w;
     ev_timer tm;
     bool cq_on, cm_on, tm_on;
+    bool cq_paused;                 /* cq_w stopped while the socket's CQ is left to application threads */
     atomic_bool retime_queued;
     _Atomic uint64_t armed;         /* deadline the timer is set for (0 none); read by other threads */
     struct pw *all_prev, *all_next; /* P.watched, under P.lock */
@@ -88,6 +89,11 @@ static void cq_cb(struct ev_loop *loop, ev_io *w, int revents)
     (void)revents;
     struct pw *pw = w->data;
     set_timer(pw, rs_sdp_on_cq(pw->s));
+    /* cq_lazy is written on this thread only (sdp_conn.c "CQ duty"). */
+    if (pw->s->cq_lazy && !pw->cq_paused) {
+        ev_io_stop(P.loop, &pw->cq_w);
+        pw->cq_paused = true;
+    }
 }
 
 static void cm_cb(struct ev_loop *loop, ev_io *w, int revents)
@@ -106,6 +112,11 @@ static void tm_cb(struct ev_loop *loop, ev_timer *w, int revents)
     pw->tm_on = false;
     atomic_store(&pw->armed, 0);
     set_timer(pw, rs_sdp_on_timer(pw->s));
+    if (!pw->s->cq_lazy && pw->cq_paused) {
+        ev_io_start(P.loop, &pw->cq_w);
+        pw->cq_paused = false;
+        ev_feed_event(P.loop, &pw->cq_w, EV_READ);     /* look now: ack, arm, poll */
+    }
 }
 
 /* Loop thread. */

@@ -418,8 +418,10 @@ ssize_t rs_sdp_recvmsg(struct rs_sdp_sock *s, const struct iovec *iov, int iovcn
         if (s->rxq_count > 0 && !stuck && copied < total)
             continue;
         if (s->state == SDP_ST_CONNECTED && dontwait) {
-            if (copied == 0)
+            if (copied == 0) {
                 result = -EAGAIN;
+                rs_sdp_note_poll_miss(s);
+            }
             break;
         }
         if ((s->state == SDP_ST_CONNECTING) && dontwait) {

@@ -322,7 +322,11 @@ static int wait_common(struct rs_sdp_sock *s, uint64_t deadline_ms, bool interru
     struct pollfd pfd[2 + SDP_WAIT_RNIC_FDS] = { { .fd = fd, .events = POLLIN }, { .fd = -1, .events = POLLIN } };
     int nfds = 1;
     struct rs_rnic_cq *waited_cq = NULL;
+    bool at_cq = false;
     if (s->cq && s->state != SDP_ST_CLOSED) {
+        at_cq = true;
+        s->cq_waiters++;
+        s->app_waited = true;
         /* Arm so a new completion makes the CQ fd readable; any completion already queued is found by the
          * caller's next progress call (it loops), so the fd being readable already is harmless. */
         rs_rnic_cq_arm(s->cq, false);
@@ -374,6 +378,8 @@ static int wait_common(struct rs_sdp_sock *s, uint64_t deadline_ms, bool interru
     for (int i = 2; i < nfds; i++)
         rnic_ready = rnic_ready || pfd[i].revents != 0;
     pthread_mutex_lock(&s->lock);
+    if (at_cq)
+        s->cq_waiters--;
     for (struct sdp_waiter **pp = &s->waiters; *pp; pp = &(*pp)->next) {
         if (*pp == &w) {
             *pp = w.next;
@@ -413,8 +419,11 @@ int rs_sdp_wait(struct rs_sdp_sock *s, uint64_t deadline_ms)
 
 int rs_sdp_wait_io(struct rs_sdp_sock *s, bool dontwait, uint64_t deadline_ms)
 {
-    if (dontwait)
+    if (dontwait) {
+        if (s->state == SDP_ST_CONNECTED)
+            rs_sdp_note_poll_miss(s);
         return -EAGAIN;
+    }
     int r = rs_sdp_wait(s, deadline_ms);
     return r == -ETIMEDOUT ? -EAGAIN : r;
 }

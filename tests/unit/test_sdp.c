@@ -1122,6 +1122,99 @@ static void test_exit_without_close_delivers(void **state)
     check_exit_after_send(EXIT_STILL_OPEN);
 }
 
+/* ---- CQ duty: a busy-polling application takes the CQ over from the progress thread, and gives it back ---- */
+
+#define DUTY_ROUNDS 2000
+#define DUTY_SIZE 64
+
+static void busy_send(struct rs_sdp_sock *s, const uint8_t *buf, size_t len)
+{
+    size_t off = 0;
+    uint64_t deadline = now_ms() + WAIT_MS;
+    while (off < len) {
+        ssize_t n = rs_sdp_send(s, buf + off, len - off, MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (n > 0)
+            off += (size_t)n;
+        else
+            assert_true(n == -EAGAIN && now_ms() < deadline);
+    }
+}
+
+static void busy_recv(struct rs_sdp_sock *s, uint8_t *buf, size_t len)
+{
+    size_t off = 0;
+    uint64_t deadline = now_ms() + WAIT_MS;
+    while (off < len) {
+        ssize_t n = rs_sdp_recv(s, buf + off, len - off, MSG_DONTWAIT);
+        if (n > 0)
+            off += (size_t)n;
+        else
+            assert_true(n == -EAGAIN && now_ms() < deadline);
+    }
+}
+
+static void *busy_echo(void *p)
+{
+    struct rs_sdp_sock *s = p;
+    uint8_t buf[DUTY_SIZE];
+    for (int i = 0; i < DUTY_ROUNDS; i++) {
+        busy_recv(s, buf, sizeof(buf));
+        busy_send(s, buf, sizeof(buf));
+    }
+    return NULL;
+}
+
+/*
+ * Both ends poll with MSG_DONTWAIT (rstream's default): the progress threads must leave the CQs to them rather than
+ * wake for every completion, every byte must still arrive in order, and once the application stops polling the
+ * progress thread must take the CQ back and deliver the next message to a reader that only waits on the socket's
+ * readiness fd (as an epoll loop does).
+ */
+static void test_busy_poller_takes_cq_duty(void **state)
+{
+    (void)state;
+    struct rs_sdp_sock *c, *s;
+    sdp_pair(&c, &s);
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, busy_echo, s), 0);
+    uint8_t out[DUTY_SIZE], in[DUTY_SIZE];
+    for (int i = 0; i < DUTY_ROUNDS; i++) {
+        fill_pattern(out, sizeof(out), (uint32_t)i + 7, 0);
+        busy_send(c, out, sizeof(out));
+        busy_recv(c, in, sizeof(in));
+        assert_int_equal(check_pattern(in, sizeof(in), (uint32_t)i + 7, 0), -1);
+    }
+    assert_int_equal(pthread_join(t, NULL), 0);
+    struct rs_sdp_stats sc = sdp_stats(c), ss = sdp_stats(s);
+    print_message("# %d round trips: progress-thread CQ wake-ups %llu / %llu, hand-overs %llu / %llu\n",
+                  DUTY_ROUNDS, (unsigned long long)sc.progress_cq_wakeups,
+                  (unsigned long long)ss.progress_cq_wakeups, (unsigned long long)sc.cq_handovers,
+                  (unsigned long long)ss.cq_handovers);
+    assert_true(sc.cq_handovers >= 1 && ss.cq_handovers >= 1);
+    /* Every round trip makes two completions per end; woken for each, the threads would count 2 x DUTY_ROUNDS. */
+    assert_true(sc.progress_cq_wakeups + ss.progress_cq_wakeups < DUTY_ROUNDS / 2);
+
+    /* Idle: within a few ticks the progress threads have the CQs back. */
+    uint64_t deadline = now_ms() + WAIT_MS;
+    while ((sdp_stats(c).cq_left_to_app || sdp_stats(s).cq_left_to_app) && now_ms() < deadline)
+        usleep(2000);
+    assert_int_equal(sdp_stats(c).cq_left_to_app, 0);
+    assert_int_equal(sdp_stats(s).cq_left_to_app, 0);
+    /* ... and wake for a message nobody polls for. */
+    uint64_t before = sdp_stats(s).progress_cq_wakeups;
+    assert_int_equal(rs_sdp_send(c, "back", 4, MSG_NOSIGNAL), 4);
+    deadline = now_ms() + WAIT_MS;
+    while (sdp_stats(s).progress_cq_wakeups == before && now_ms() < deadline)
+        usleep(1000);
+    assert_true(sdp_stats(s).progress_cq_wakeups > before);
+    assert_true(wait_mask(s, POLLIN, WAIT_MS) & POLLIN);
+    char buf[8] = { 0 };
+    assert_int_equal(rs_sdp_recv(s, buf, sizeof(buf), MSG_DONTWAIT), 4);
+    assert_memory_equal(buf, "back", 4);
+    assert_int_equal(rs_sdp_close(c), 0);
+    assert_int_equal(rs_sdp_close(s), 0);
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -1153,6 +1246,7 @@ int main(void)
         cmocka_unit_test(test_exit_after_close_delivers),
         cmocka_unit_test(test_exit_after_shutdown_delivers),
         cmocka_unit_test(test_exit_without_close_delivers),
+        cmocka_unit_test(test_busy_poller_takes_cq_duty),
     };
     /* SDP_TEST_FILTER / SDP_TEST_SKIP: glob patterns on test names, to run a subset by hand */
     if (getenv("SDP_TEST_FILTER"))
