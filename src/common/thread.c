@@ -2,6 +2,8 @@
  * thread.c: rdmasock's own threads (thread.h).
  */
 #include <signal.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include "common/thread.h"
 
@@ -23,4 +25,29 @@ int rs_thread_start(pthread_t *out, void *(*fn)(void *), void *arg, bool detache
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     pthread_attr_destroy(&attr);
     return r;
+}
+
+static pid_t cached_pid;
+static pthread_once_t pid_handlers_once = PTHREAD_ONCE_INIT;
+
+/* Before fork (another thread may fill the cache again before the fork itself: the child forgets once more). */
+static void forget_pid(void)
+{
+    __atomic_store_n(&cached_pid, 0, __ATOMIC_RELAXED);
+}
+
+static void register_pid_handlers(void)
+{
+    pthread_atfork(forget_pid, NULL, forget_pid);
+}
+
+pid_t rs_self_pid(void)
+{
+    pid_t pid = __atomic_load_n(&cached_pid, __ATOMIC_RELAXED);
+    if (pid > 0)
+        return pid;
+    pthread_once(&pid_handlers_once, register_pid_handlers);
+    pid = (pid_t)syscall(SYS_getpid);
+    __atomic_store_n(&cached_pid, pid, __ATOMIC_RELAXED);
+    return pid;
 }

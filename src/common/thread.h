@@ -6,6 +6,7 @@
 
 #include <pthread.h>
 #include <stdbool.h>
+#include <sys/types.h>
 
 /*
  * Starts fn(arg) on a new thread that has every signal blocked from its first instruction: the host program's
@@ -14,5 +15,13 @@
  * be NULL). Returns 0 or a positive errno, as pthread_create does.
  */
 int rs_thread_start(pthread_t *out, void *(*fn)(void *), void *arg, bool detached);
+
+/*
+ * getpid() without a system call on every use (glibc stopped caching it in 2.25, and the interception layer asks on
+ * every socket call whether this process owns the connection; in a VM under TCG a system call costs microseconds).
+ * The cache is forgotten around fork (pthread_atfork, registered at first use), so a child never sees its parent's
+ * pid. A process created with a raw clone(2) that skips glibc's fork handlers is not supported, as for glibc itself.
+ */
+pid_t rs_self_pid(void);
 
 #endif /* RS_COMMON_THREAD_H */

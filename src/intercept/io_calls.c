@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "common/compiler.h"
+#include "common/thread.h"
 #include "intercept/isock_int.h"
 #include "intercept/libc.h"
 #include "intercept/signals.h"
@@ -40,7 +41,7 @@ static void target_of(int fd, struct io_target *t)
         break;
     case RS_IPATH_SDP:
         pthread_mutex_lock(&t->s->lock);
-        if (t->s->sdp && t->s->owner == getpid() && t->s->path == RS_IPATH_SDP) {
+        if (t->s->sdp && t->s->owner == rs_self_pid() && t->s->path == RS_IPATH_SDP) {
             t->sdp = t->s->sdp;
             rs_sdp_hold(t->sdp);
         } else if (t->s->path == RS_IPATH_SDP) {

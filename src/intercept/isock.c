@@ -33,6 +33,7 @@
 #include "common/fdutil.h"
 #include "common/log.h"
 #include "common/stats.h"
+#include "common/thread.h"
 #include "intercept/handover.h"
 #include "intercept/isock_int.h"
 #include "intercept/libc.h"
@@ -108,7 +109,7 @@ static void isock_destroy(struct rs_fd_obj *obj)
 {
     struct rs_isock *s = (struct rs_isock *)obj;
     /* Objects inherited across fork belong to the parent's RNIC state: the child leaves them alone. */
-    bool mine = s->owner == getpid();
+    bool mine = s->owner == rs_self_pid();
     /* The notification fds close when the lower layer frees its socket, which may be later (an orphaned SDP
      * connection finishing its close): stop guarding the numbers now, before they can be reused. */
     if (s->sdp && mine) {
@@ -236,7 +237,7 @@ struct rs_isock *rs_isock_create(int fd, int family, int type, int protocol)
     s->type = base;
     s->protocol = protocol;
     s->nfds = 1;
-    s->owner = getpid();
+    s->owner = rs_self_pid();
     s->dg_fd = -1;
     s->stats_slot = -1;
     s->path = RS_IPATH_UNDECIDED;
@@ -277,7 +278,7 @@ int rs_isock_last_close(struct rs_isock *s)
     rs_wait_isock_closed(s);
     pthread_mutex_lock(&s->lock);
     int r = 0;
-    if (s->sdp && s->owner == getpid()) {
+    if (s->sdp && s->owner == rs_self_pid()) {
         if (s->hb_busy) {
             /* A hand-back is under way (a claim, an exec on another thread): it closes the SDP side when done,
              * seeing no name left. */
@@ -293,13 +294,13 @@ int rs_isock_last_close(struct rs_isock *s)
             }
             r = rs_sdp_close(s->sdp);
         }
-    } else if (s->path == RS_IPATH_SDP && s->owner != getpid() && s->ho_slot >= 0) {
+    } else if (s->path == RS_IPATH_SDP && s->owner != rs_self_pid() && s->ho_slot >= 0) {
         /* Inherited and never used here: this process no longer holds it. */
         rs_ho_holder_leave(s);
     }
     if (s->dg) {
         rs_dgram_close(s->dg);
-        if (s->owner != getpid()) {
+        if (s->owner != rs_self_pid()) {
             /* A forked child's copy of the private fd: its RNIC state is the parent's, nothing here reads it. */
             rs_fd_unmark_internal(s->dg_fd);
             RS_REAL(close)(s->dg_fd);
@@ -413,7 +414,7 @@ static void attach_sdp(struct rs_isock *s, struct rs_sdp_sock *sdp, enum rs_isoc
 {
     rs_sdp_hold(sdp);
     s->sdp = sdp;
-    s->owner = getpid();
+    s->owner = rs_self_pid();
     rs_fd_mark_internal(rs_sdp_fd(sdp));
     apply_interest(s, +1);
     __atomic_store_n(&s->path, path, __ATOMIC_RELEASE);
@@ -425,7 +426,7 @@ static void detach_sdp(struct rs_isock *s, bool close_it)
 {
     if (!s->sdp)
         return;
-    if (s->owner == getpid()) {
+    if (s->owner == rs_self_pid()) {
         apply_interest(s, -1);
         rs_fd_unmark_internal(rs_sdp_fd(s->sdp));
         if (close_it)
@@ -996,7 +997,7 @@ static void switch_names(struct rs_isock *s, int kfd, bool with_options)
 /* Lock held: the SDP side is no longer the application's (owner: closed; inherited: the parent's, forgotten). */
 static void drop_sdp_side(struct rs_isock *s)
 {
-    if (s->owner == getpid()) {
+    if (s->owner == rs_self_pid()) {
         detach_sdp(s, true);
     } else if (s->sdp) {
         s->sdp = NULL;          /* the parent's object: its memory here is a copy nobody uses */
@@ -1013,7 +1014,7 @@ static void drop_sdp_side(struct rs_isock *s)
 /* Lock held: s continues on kfd (consumed). The owner keeps a copy for the record's holders first. */
 static void adopt_locked(struct rs_isock *s, int kfd)
 {
-    bool owner = s->owner == getpid();
+    bool owner = s->owner == rs_self_pid();
     if (owner)
         rs_ho_park(s, kfd);
     switch_names(s, kfd, true);
@@ -1064,7 +1065,7 @@ int rs_isock_adopt(struct rs_isock *s)
     pthread_mutex_lock(&s->lock);
     wait_not_busy(s);
     int r = 0;
-    if (s->path == RS_IPATH_SDP && s->sdp && s->owner == getpid()) {
+    if (s->path == RS_IPATH_SDP && s->sdp && s->owner == rs_self_pid()) {
         int kfd = s->handed_fd;
         if (kfd >= 0) {
             rs_fd_unmark_internal(kfd);
@@ -1089,7 +1090,7 @@ int rs_isock_follow(struct rs_isock *s)
     if (rs_isock_path_now(s) != RS_IPATH_SDP || __atomic_load_n(&s->connecting, __ATOMIC_ACQUIRE))
         return 0;
     pthread_mutex_lock(&s->lock);
-    if (s->owner == getpid() || s->path != RS_IPATH_SDP) {
+    if (s->owner == rs_self_pid() || s->path != RS_IPATH_SDP) {
         pthread_mutex_unlock(&s->lock);
         return 0;
     }
@@ -1126,7 +1127,7 @@ int rs_isock_handback(struct rs_isock *s, int timeout_ms, bool adopt_now)
         pthread_mutex_unlock(&s->lock);
         return r;
     }
-    if (!s->sdp || s->owner != getpid() || s->connecting) {
+    if (!s->sdp || s->owner != rs_self_pid() || s->connecting) {
         pthread_mutex_unlock(&s->lock);
         return -EOPNOTSUPP;
     }
@@ -1208,7 +1209,7 @@ void rs_isock_interest(struct rs_isock *s, unsigned events, int delta)
         if (delta < 0 && *c < (unsigned)-delta)
             continue;       /* unbalanced removal: ignore rather than wrap */
         *c += (unsigned)delta;
-        if (s->sdp && s->owner == getpid())
+        if (s->sdp && s->owner == rs_self_pid())
             rs_sdp_interest(s->sdp, bits[i], delta);
         else if (s->dg)
             rs_dgram_interest(s->dg, bits[i], delta);
@@ -1224,7 +1225,7 @@ int rs_isock_wait_fds(struct rs_isock *s, int fd, unsigned events, struct pollfd
     memset(out, 0, sizeof(struct pollfd) * RS_ISOCK_WAIT_FDS);
     int n = 0;
     pthread_mutex_lock(&s->lock);
-    if (s->path == RS_IPATH_SDP && !(s->sdp && s->owner == getpid()) && s->ho_slot >= 0 && !s->connecting) {
+    if (s->path == RS_IPATH_SDP && !(s->sdp && s->owner == rs_self_pid()) && s->ho_slot >= 0 && !s->connecting) {
         /* Inherited across fork: waiting for it is using it. Claimed, it is a kernel socket like any other. (A
          * hand-back of our own connection needs nothing here: its mask wakes the waiter, and rs_isock_poll
          * switches over and moves the generation.) */
@@ -1238,7 +1239,7 @@ int rs_isock_wait_fds(struct rs_isock *s, int fd, unsigned events, struct pollfd
         out[n++].events = POLLIN;
         break;
     case RS_IPATH_SDP:
-        if (s->sdp && s->owner == getpid()) {
+        if (s->sdp && s->owner == rs_self_pid()) {
             out[n].fd = rs_sdp_fd(s->sdp);
             out[n++].events = POLLIN;
         } else {
@@ -1281,7 +1282,7 @@ unsigned rs_isock_poll(struct rs_isock *s, int fd)
         return rs_dgram_poll(s->dg);
     case RS_IPATH_SDP: {
         pthread_mutex_lock(&s->lock);
-        struct rs_sdp_sock *sdp = s->sdp && s->owner == getpid() ? s->sdp : NULL;
+        struct rs_sdp_sock *sdp = s->sdp && s->owner == rs_self_pid() ? s->sdp : NULL;
         if (sdp)
             rs_sdp_hold(sdp);
         bool handed = s->handed_fd >= 0;
@@ -1391,7 +1392,7 @@ static void fork_prepare_visit(int fd, struct rs_fd_obj *obj, void *arg)
         return;
     struct rs_isock *s = (struct rs_isock *)obj;
     pthread_mutex_lock(&s->lock);
-    if (s->path == RS_IPATH_LISTEN && s->sdp && s->owner == getpid()) {
+    if (s->path == RS_IPATH_LISTEN && s->sdp && s->owner == rs_self_pid()) {
         int r = rs_sdp_dispatch_enable(s->sdp, false);
         if (r != 0 && r != -EOPNOTSUPP)
             RS_LOG_ONCE(RS_LOG_WARN, "fd %d: RDMA listener cannot dispatch for forked processes (%s)", fd,
@@ -1399,9 +1400,9 @@ static void fork_prepare_visit(int fd, struct rs_fd_obj *obj, void *arg)
     }
     /* A connection the child inherits gets a record, so that the child can claim it should it use it. */
     if (s->path == RS_IPATH_SDP && !s->connecting) {
-        if (s->sdp && s->owner == getpid())
+        if (s->sdp && s->owner == rs_self_pid())
             (void)rs_ho_prepare_owned(s);
-        else if (s->owner != getpid())
+        else if (s->owner != rs_self_pid())
             rs_ho_prepare_held(s);
     }
     pthread_mutex_unlock(&s->lock);
@@ -1492,7 +1493,7 @@ void rs_isock_before_exec(void)
         rs_fd_for_each(exec_visit, &list);
         for (int i = 0; i < list.n; i++) {
             struct rs_isock *s = list.socks[i].s;
-            bool inherited = s->owner != getpid();
+            bool inherited = s->owner != rs_self_pid();
             int r = 0;
             if (list.socks[i].survives)
                 r = inherited ? rs_isock_follow(s) : rs_isock_handback(s, RS_HO_HANDBACK_MS, true);

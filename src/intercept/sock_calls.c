@@ -14,6 +14,7 @@
 
 #include "common/compiler.h"
 #include "common/log.h"
+#include "common/thread.h"
 #include "intercept/isock_int.h"
 #include "intercept/libc.h"
 
@@ -107,7 +108,7 @@ static struct rs_sdp_sock *sdp_of(struct rs_isock *s)
 {
     pthread_mutex_lock(&s->lock);
     struct rs_sdp_sock *sdp = NULL;
-    if (s->sdp && s->owner == getpid() && (s->path == RS_IPATH_SDP || s->path == RS_IPATH_LISTEN)) {
+    if (s->sdp && s->owner == rs_self_pid() && (s->path == RS_IPATH_SDP || s->path == RS_IPATH_LISTEN)) {
         sdp = s->sdp;
         rs_sdp_hold(sdp);
     }
@@ -252,7 +253,7 @@ RS_EXPORT int dup2(int oldfd, int newfd)
 static void set_nonblock(struct rs_isock *s, bool on)
 {
     pthread_mutex_lock(&s->lock);
-    if (s->sdp && s->owner == getpid() && s->path == RS_IPATH_SDP)
+    if (s->sdp && s->owner == rs_self_pid() && s->path == RS_IPATH_SDP)
         rs_sdp_set_nonblock(s->sdp, on);
     if (s->dg)
         rs_dgram_set_nonblock(s->dg, on);

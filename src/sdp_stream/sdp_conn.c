@@ -174,7 +174,7 @@ static void hello_fill(struct rs_sdp_sock *s, struct rs_sdp_hello *h)
     h->rcv_size = s->rbuf_size;
     h->port = addr_port(&s->local);
     h->has_ext = true;
-    h->ext_flags = RS_SDP_EXT_ZCOPY | RS_SDP_EXT_HANDBACK;
+    h->ext_flags = RS_SDP_EXT_ZCOPY | RS_SDP_EXT_HANDBACK | RS_SDP_EXT_SOLICITED;
     h->ka_rkey = s->dev->ka_mr->rkey;
     h->ka_addr = (uint64_t)(uintptr_t)s->dev->ka_target;
     s->adv_bufs = h->bsdh.bufs;
@@ -196,6 +196,7 @@ static int hello_apply(struct rs_sdp_sock *s, const struct rs_sdp_hello *h)
     }
     s->peer_zcopy = h->has_ext && (h->ext_flags & RS_SDP_EXT_ZCOPY) && h->max_adverts > 0;
     s->peer_handback = h->has_ext && (h->ext_flags & RS_SDP_EXT_HANDBACK);
+    s->peer_solicits = h->has_ext && (h->ext_flags & RS_SDP_EXT_SOLICITED);
     s->peer_ka_rkey = h->has_ext ? h->ka_rkey : 0;
     s->peer_ka_addr = h->ka_addr;
     s->stats.peer_buf_size = s->peer_rbuf_size;
@@ -1365,6 +1366,15 @@ int rs_sdp_close(struct rs_sdp_sock *s)
     int r = 0;
     rs_sdp_progress(s);
     s->app_closed = true;
+    if (s->stats.msgs_sent || s->stats.msgs_received)
+        RS_DEBUG("sdp: close: %llu/%llu messages out/in, %llu/%llu bytes, credit stalls %llu; progress thread woken "
+                 "by the CQ %llu times, left it to the application %llu times; application slept %llu times (%llu on "
+                 "the peer's messages only)",
+                 (unsigned long long)s->stats.msgs_sent, (unsigned long long)s->stats.msgs_received,
+                 (unsigned long long)s->stats.bytes_sent, (unsigned long long)s->stats.bytes_received,
+                 (unsigned long long)s->stats.credit_stalls, (unsigned long long)s->stats.progress_cq_wakeups,
+                 (unsigned long long)s->stats.cq_handovers, (unsigned long long)s->stats.app_sleeps,
+                 (unsigned long long)s->stats.app_sleeps_solicited);
     if (s->hb.phase != SDP_HB_NONE) {
         /* Handed back, or being: the kernel socket is the connection. One nobody took closes as the application's
          * close would close it; one under way closes when it is done (sdp_handback.c). */

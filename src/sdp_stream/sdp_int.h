@@ -106,6 +106,7 @@ struct sdp_waiter {
     struct sdp_waiter *next;
     int fd;
     bool signalled;
+    bool rx_only;                   /* only the peer's messages can end this wait (a reader waiting for data) */
 };
 
 struct sdp_reg;             /* registration cache entry (sdp_regcache.c) */
@@ -320,6 +321,7 @@ struct rs_sdp_sock {
     bool fam_polling;               /* member: counted as waiting because a thread polls the listener */
     /* hand-back (sdp_handback.c) */
     bool peer_handback;             /* the peer announced RS_SDP_EXT_HANDBACK */
+    bool peer_solicits;             /* the peer announced RS_SDP_EXT_SOLICITED */
     bool passive;                   /* accepted (not connected) side: yields when both start a hand-back */
     struct {
         enum sdp_hb_phase phase;
@@ -347,6 +349,8 @@ unsigned rs_sdp_mask_locked(struct rs_sdp_sock *s);
 /* Sleeps until signalled, the deadline (0: none) or a signal; lock held on entry and return.
  * Returns 0, -ETIMEDOUT or -EINTR. */
 int rs_sdp_wait(struct rs_sdp_sock *s, uint64_t deadline_ms);
+/* Same, for a reader that waits for the peer's data and nothing else. */
+int rs_sdp_wait_rx(struct rs_sdp_sock *s, uint64_t deadline_ms);
 /* What a blocking send/recv does when it cannot progress: -EAGAIN at once with MSG_DONTWAIT, otherwise waits
  * (0: woken, try again; -EAGAIN: SO_RCVTIMEO/SO_SNDTIMEO expired, as Linux reports it; -EINTR). Lock held. */
 int rs_sdp_wait_io(struct rs_sdp_sock *s, bool dontwait, uint64_t deadline_ms);

@@ -459,7 +459,7 @@ ssize_t rs_sdp_recvmsg(struct rs_sdp_sock *s, const struct iovec *iov, int iovcn
                 }
             }
         }
-        r = rs_sdp_wait(s, deadline);
+        r = rs_sdp_wait_rx(s, deadline);
         if (r != 0) {
             if (copied == 0)
                 result = r == -ETIMEDOUT ? -EAGAIN : r;

@@ -27,10 +27,13 @@
 #include "sdp_stream/sdp_int.h"
 #include "common/fdutil.h"
 
+/* The coarse clock (one tick, 1-4 ms): SDP's timers are milliseconds to seconds long, and this is read on every
+ * call and every message, where CLOCK_MONOTONIC can be a system call (a VM whose clock source the vDSO cannot read,
+ * such as qemu under TCG). Use it for every millisecond stamp and deadline alike: never subtract across clocks. */
 uint64_t rs_sdp_now_ms(void)
 {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
     return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
@@ -312,24 +315,42 @@ static bool deadline_ms_passed(uint64_t deadline_ms)
     return deadline_ms && rs_sdp_now_ms() >= deadline_ms;
 }
 
-static int wait_common(struct rs_sdp_sock *s, uint64_t deadline_ms, bool interruptible)
+/*
+ * Whether the waiter may sleep on solicited completions only (the peer marks each of its messages solicited): not
+ * woken by the completion of what this side sent, which in a ping-pong is one wake-up in two. Only when nothing
+ * but a message of the peer can end the wait and no local completion is wanted by anyone: no other waiter, no
+ * poller of POLLOUT, no ring bytes or control messages waiting for a send slot, no RDMA READ or WRITE of ours in
+ * flight, no hand-back under way. A case missed here costs a wake-up, never a lost one: the progress thread still
+ * polls at least every tick (sdp_conn.c "CQ duty").
+ */
+static bool sleep_on_solicited(const struct rs_sdp_sock *s, const struct sdp_waiter *w)
+{
+    return w->rx_only && s->peer_solicits && s->waiters == w && w->next == NULL && s->state == SDP_ST_CONNECTED &&
+           !s->broken && s->interest_count[__builtin_ctz(POLLOUT)] == 0 && s->tx_posted == s->tx_tail &&
+           !s->tx_stalled && (!s->wr_shut || s->disconn_sent) && !s->ack_owed && !s->psrc.read_out &&
+           !s->zwrite_out && !s->ka_read_out && s->owed_rd_compl == 0 && s->owed_sink_cancel_acks == 0 &&
+           !s->owed_send_sm && s->hb.phase == SDP_HB_NONE && rs_sdp_can_send_ctrl(s);
+}
+
+static int wait_common(struct rs_sdp_sock *s, uint64_t deadline_ms, bool interruptible, bool rx_only)
 {
     int fd = thread_wait_fd();
     if (fd < 0)
         return fd;
-    struct sdp_waiter w = { .next = s->waiters, .fd = fd, .signalled = false };
+    struct sdp_waiter w = { .next = s->waiters, .fd = fd, .signalled = false, .rx_only = rx_only };
     s->waiters = &w;
     struct pollfd pfd[2 + SDP_WAIT_RNIC_FDS] = { { .fd = fd, .events = POLLIN }, { .fd = -1, .events = POLLIN } };
     int nfds = 1;
     struct rs_rnic_cq *waited_cq = NULL;
-    bool at_cq = false;
+    bool at_cq = false, solicited = false;
     if (s->cq && s->state != SDP_ST_CLOSED) {
         at_cq = true;
         s->cq_waiters++;
         s->app_waited = true;
         /* Arm so a new completion makes the CQ fd readable; any completion already queued is found by the
          * caller's next progress call (it loops), so the fd being readable already is harmless. */
-        rs_rnic_cq_arm(s->cq, false);
+        solicited = sleep_on_solicited(s, &w);
+        rs_rnic_cq_arm(s->cq, solicited);
         pfd[1].fd = rs_rnic_cq_fd(s->cq);
         nfds = 2;
         int extra[SDP_WAIT_RNIC_FDS];
@@ -347,6 +368,10 @@ static int wait_common(struct rs_sdp_sock *s, uint64_t deadline_ms, bool interru
     uint64_t budget = spin_ns();
     bool spun = budget && s->cq && s->state == SDP_ST_CONNECTED && !deadline_ms_passed(deadline_ms) &&
                 spin_before_sleep(s, &w, budget);
+    if (!spun) {
+        s->stats.app_sleeps++;
+        s->stats.app_sleeps_solicited += solicited;
+    }
     pthread_mutex_unlock(&s->lock);
     int result = 0;
     for (; !spun;) {
@@ -398,7 +423,9 @@ static int wait_common(struct rs_sdp_sock *s, uint64_t deadline_ms, bool interru
          * they would wait for some unrelated later completion, and a DisConn or the last data with them. Today's
          * callers all loop through progress, but that rule is kept here rather than in every caller. */
         rs_rnic_cq_ack_events(s->cq);
-        rs_rnic_cq_arm(s->cq, false);
+        /* Left to application threads (sdp_conn.c "CQ duty"), nobody watches the fd until the next wait arms it. */
+        if (!s->cq_lazy)
+            rs_rnic_cq_arm(s->cq, false);
         rs_sdp_progress(s);
     } else if (rnic_ready && s->cq) {
         /* Woken by the RNIC's own fd: the poll in this progress call receives what woke us, on this thread. */
@@ -414,7 +441,12 @@ static int wait_common(struct rs_sdp_sock *s, uint64_t deadline_ms, bool interru
 
 int rs_sdp_wait(struct rs_sdp_sock *s, uint64_t deadline_ms)
 {
-    return wait_common(s, deadline_ms, true);
+    return wait_common(s, deadline_ms, true, false);
+}
+
+int rs_sdp_wait_rx(struct rs_sdp_sock *s, uint64_t deadline_ms)
+{
+    return wait_common(s, deadline_ms, true, true);
 }
 
 int rs_sdp_wait_io(struct rs_sdp_sock *s, bool dontwait, uint64_t deadline_ms)
@@ -430,7 +462,7 @@ int rs_sdp_wait_io(struct rs_sdp_sock *s, bool dontwait, uint64_t deadline_ms)
 
 int rs_sdp_wait_uninterruptible(struct rs_sdp_sock *s, uint64_t deadline_ms)
 {
-    return wait_common(s, deadline_ms, false);
+    return wait_common(s, deadline_ms, false, false);
 }
 
 /* ---- public readiness calls ---- */

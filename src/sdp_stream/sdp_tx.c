@@ -99,7 +99,7 @@ int rs_sdp_post_msg(struct rs_sdp_sock *s, uint8_t mid, const struct rs_sdp_avai
             sge[nsge++] = (struct rs_rnic_sge){ (uint64_t)(uintptr_t)s->sbuf_mem, ring_len - first, s->sbuf_mr->lkey };
     }
     struct rs_rnic_send_wr wr = {
-        .wr_id = SDP_WR_SEND | slot, .opcode = RS_WR_SEND, .flags = RS_SEND_SIGNALED, .sg_list = sge,
+        .wr_id = SDP_WR_SEND | slot, .opcode = RS_WR_SEND, .flags = RS_SEND_SIGNALED | RS_SEND_SOLICITED, .sg_list = sge,
         .num_sge = nsge,
     };
     struct rs_rnic_send_wr *bad = NULL;

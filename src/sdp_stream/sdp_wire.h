@@ -87,6 +87,7 @@ struct rs_sdp_avail {           /* SrcAH / SinkAH */
 /* ext_flags */
 #define RS_SDP_EXT_ZCOPY 0x1u               /* sender understands SrcAvail/SinkAvail and their cancels */
 #define RS_SDP_EXT_HANDBACK 0x2u            /* sender can hand the connection back to TCP (SuspComm, docs/sdp.md) */
+#define RS_SDP_EXT_SOLICITED 0x4u           /* sender marks every message solicited (a reader may sleep on those) */
 
 struct rs_sdp_hello {
     struct rs_sdp_bsdh bsdh;

@@ -129,6 +129,8 @@ struct rs_v_cq {
     atomic_bool overflow;
     bool overflow_handled;          /* the QPs attached were moved to ERROR */
     int armed;                      /* 0, 1 any completion, 2 solicited (or error) only */
+    int hw_armed;                   /* the same for the device CQ: 0 also once its event was read */
+    atomic_uint event_fd_pending;   /* writes to event_fd announced and not yet read: the next ack reads it */
     uint32_t unacked_events;        /* ibv_get_cq_event results not yet acknowledged */
     struct rs_v_qp **qps;           /* attached QPs */
     uint32_t nqps, qps_cap;
