@@ -1097,7 +1097,6 @@ void rs_sdp_progress(struct rs_sdp_sock *s)
  * nothing and miss once per readiness at most: they never hand the duty over. rsockets has no progress thread at
  * all, so its peers wait for credits until the application calls in; this keeps the thread and drops its cost.
  */
-#define SDP_LAZY_TICK_MS 1
 #define SDP_BUSY_MISSES 4
 
 void rs_sdp_note_poll_miss(struct rs_sdp_sock *s)
@@ -1113,15 +1112,6 @@ static bool app_at_cq(struct rs_sdp_sock *s)
     s->app_waited = false;
     s->app_poll_misses = 0;
     return at_cq && s->state == SDP_ST_CONNECTED && !s->broken;
-}
-
-static uint64_t next_with_lazy_tick(struct rs_sdp_sock *s, uint64_t now)
-{
-    uint64_t next = rs_sdp_timers(s, now);
-    uint64_t tick = now + SDP_LAZY_TICK_MS;
-    if (s->cq_lazy && (next == 0 || tick < next))
-        next = tick;
-    return next;
 }
 
 uint64_t rs_sdp_on_cq(struct rs_sdp_sock *s)
@@ -1143,7 +1133,7 @@ uint64_t rs_sdp_on_cq(struct rs_sdp_sock *s)
             progress_step(s, false);    /* what arrived between the last poll and the arm */
         }
     }
-    uint64_t next = next_with_lazy_tick(s, rs_sdp_now_ms());
+    uint64_t next = rs_sdp_timers(s, rs_sdp_now_ms());
     pthread_mutex_unlock(&s->lock);
     return next;
 }
@@ -1164,7 +1154,7 @@ uint64_t rs_sdp_on_timer(struct rs_sdp_sock *s)
     /* Taking the duty back: the loop watches the fd again and looks at once (rs_sdp_on_cq arms). */
     if (s->cq_lazy && !app_at_cq(s))
         s->cq_lazy = false;
-    uint64_t next = next_with_lazy_tick(s, rs_sdp_now_ms());
+    uint64_t next = rs_sdp_timers(s, rs_sdp_now_ms());
     if (s->dirty) {
         s->dirty = false;
         rs_sdp_signal(s);

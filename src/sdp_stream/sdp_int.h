@@ -33,6 +33,7 @@
 #define SDP_MIN_RX_BUFS 8u
 #define SDP_MAX_RX_BUFS 4096u
 #define SDP_HDR_SLOT 64u                        /* bytes of header space per send queue slot */
+#define SDP_LAZY_TICK_MS 1u                     /* CQ left to the application: the progress thread looks this often */
 #define SDP_NAGLE_MS 5u                         /* longest a partial message waits for an acknowledgement */
 #define SDP_CORK_MS 200u                        /* longest TCP_CORK / MSG_MORE hold a partial message */
 #define SDP_ORPHAN_TIMEOUT_MS 60000u            /* a closed socket's connection is given this long to finish */
@@ -252,12 +253,13 @@ struct rs_sdp_sock {
     /* zero copy */
     bool peer_zcopy;                /* the peer understands SrcAvail/SinkAvail */
     uint32_t zthresh;               /* adaptive threshold in force; 0 = off */
-    struct {                        /* adaptivity per write-size class (sdp_zcopy.c): measured rates, MB/s EWMA */
+    struct sdp_zclass {             /* adaptivity per size class (sdp_zcopy.c): measured rates, MB/s EWMA */
         uint32_t zc_rate, bc_rate;
         uint16_t since_probe;
         uint8_t probe_level;        /* probes of a method that keeps losing become rarer: every 32 << level */
         bool probing;
-    } zclass[SDP_ZC_CLASSES];
+    } zclass[SDP_ZC_CLASSES],       /* sending: SrcAvail or copy, by write size */
+      zsink_class[SDP_ZC_CLASSES];  /* receiving into an empty queue: SinkAvail or copy, by read size */
     struct {                        /* our SrcAvail (we send) */
         bool active;
         bool cancel_sent;
@@ -483,6 +485,9 @@ void rs_sdp_z_fail(struct rs_sdp_sock *s);
  * outcome of either method for a write of len bytes that took us microseconds. */
 bool rs_sdp_z_choose_src(struct rs_sdp_sock *s, size_t len);
 void rs_sdp_z_record(struct rs_sdp_sock *s, size_t len, bool zcopy, uint64_t bytes, uint64_t us);
+/* The same for a reader of len bytes that finds the queue empty: offer a SinkAvail, or wait for copied data. */
+bool rs_sdp_z_choose_sink(struct rs_sdp_sock *s, size_t len);
+void rs_sdp_z_record_sink(struct rs_sdp_sock *s, size_t len, bool zcopy, uint64_t bytes, uint64_t us);
 /* Sends the zero-copy answers that were waiting for a credit; lock held. */
 void rs_sdp_z_flush_owed(struct rs_sdp_sock *s);
 void rs_sdp_z_on_write_complete(struct rs_sdp_sock *s, const struct rs_rnic_wc *wc);

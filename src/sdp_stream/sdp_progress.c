@@ -73,10 +73,16 @@ static void set_timer(struct pw *pw, uint64_t deadline)
         ev_timer_stop(P.loop, &pw->tm);
         pw->tm_on = false;
     }
+    uint64_t now = rs_sdp_now_ms();
+    /* While the socket's CQ is left to the application (sdp_conn.c "CQ duty") this thread looks at it every tick,
+     * whatever else is due: every path that sets the timer keeps that promise, or a CM event or a retime from an
+     * application thread would end the looks and leave completions to nobody. */
+    uint64_t tick = now + SDP_LAZY_TICK_MS;
+    if (pw->s->cq_lazy && (deadline == 0 || tick < deadline))
+        deadline = tick;
     atomic_store(&pw->armed, deadline);
     if (deadline == 0)
         return;
-    uint64_t now = rs_sdp_now_ms();
     double after = deadline > now ? (double)(deadline - now) / 1000.0 : 0.0;
     ev_timer_set(&pw->tm, after, 0.0);
     ev_timer_start(P.loop, &pw->tm);

@@ -336,6 +336,9 @@ ssize_t rs_sdp_recvmsg(struct rs_sdp_sock *s, const struct iovec *iov, int iovcn
     size_t vo = 0;
     ssize_t result = 0;
     bool own = false;
+    /* A read that could have offered a sink and waits for copied data instead: timed for the sink adaptivity. */
+    uint64_t copy_wait_us = 0;
+    size_t copy_wait_len = 0, copied_before_wait = 0;
     for (;;) {
         rs_sdp_progress(s);
         if (s->app_closed) {
@@ -433,9 +436,18 @@ ssize_t rs_sdp_recvmsg(struct rs_sdp_sock *s, const struct iovec *iov, int iovcn
             uint32_t zt = rs_sdp_zthresh(s);
             size_t plen;
             uint8_t *dst = dest_piece(iov, iovcnt, &vi, &vo, &plen);
-            if (zt && dst && plen >= zt) {
+            if (zt && dst && plen >= zt && !rs_sdp_z_choose_sink(s, plen)) {
+                if (!copy_wait_us) {
+                    copy_wait_us = rs_sdp_now_us();
+                    copy_wait_len = plen;
+                    copied_before_wait = copied;
+                }
+            } else if (zt && dst && plen >= zt) {
                 bool interrupted = false;
+                uint64_t sink_started_us = rs_sdp_now_us();
                 ssize_t z = rs_sdp_z_sink_recv(s, dst, plen, deadline, &interrupted);
+                if (z > 0)
+                    rs_sdp_z_record_sink(s, plen, true, (uint64_t)z, rs_sdp_now_us() - sink_started_us);
                 /* -EAGAIN: no sink could be offered now (no credit to send it, backoff, ...) and nothing ran
                  * since the checks above, so sleeping below is safe; looping instead would spin with the lock
                  * held. Anything else: the sink's wait ran the protocol on this thread, so what it brought
@@ -470,6 +482,8 @@ ssize_t rs_sdp_recvmsg(struct rs_sdp_sock *s, const struct iovec *iov, int iovcn
         s->rx_busy = false;
     if (copied > 0 && result >= 0)
         result = (ssize_t)copied;
+    if (copy_wait_us && copied > copied_before_wait && result > 0)
+        rs_sdp_z_record_sink(s, copy_wait_len, false, copied - copied_before_wait, rs_sdp_now_us() - copy_wait_us);
     if (result == -EAGAIN && copied == 0 && (s->rx_eof || s->state == SDP_ST_CLOSED) && s->rxq_count == 0 &&
         s->hb.phase == SDP_HB_NONE)
         result = rs_sdp_take_error(s, 0);

@@ -89,44 +89,67 @@ static unsigned zclass_of(size_t len)
     return c;
 }
 
-bool rs_sdp_z_choose_src(struct rs_sdp_sock *s, size_t len)
+static bool choose_zcopy(struct sdp_zclass *tab, size_t len)
 {
-    if (!s->zcopy_adaptive)
+    struct sdp_zclass *k = &tab[zclass_of(len)];
+    if (k->zc_rate == 0)
         return true;
-    unsigned c = zclass_of(len);
-    uint32_t z = s->zclass[c].zc_rate, b = s->zclass[c].bc_rate;
-    if (z == 0)
-        return true;
-    if (b == 0)
+    if (k->bc_rate == 0)
         return false;
-    bool zc_better = z >= b;
-    if (++s->zclass[c].since_probe >= (SDP_ZC_PROBE_EVERY << s->zclass[c].probe_level)) {
-        s->zclass[c].since_probe = 0;
-        s->zclass[c].probing = true;
+    bool zc_better = k->zc_rate >= k->bc_rate;
+    if (++k->since_probe >= (SDP_ZC_PROBE_EVERY << k->probe_level)) {
+        k->since_probe = 0;
+        k->probing = true;
         return !zc_better;
     }
     return zc_better;
 }
 
-void rs_sdp_z_record(struct rs_sdp_sock *s, size_t len, bool zcopy, uint64_t bytes, uint64_t us)
+static void record_rate(struct sdp_zclass *tab, size_t len, bool zcopy, uint64_t bytes, uint64_t us)
 {
-    unsigned c = zclass_of(len);
+    struct sdp_zclass *k = &tab[zclass_of(len)];
     uint32_t rate = (uint32_t)(bytes / (us ? us : 1));     /* bytes per microsecond = MB/s */
     if (rate == 0)
         rate = 1;
-    uint32_t *slot = zcopy ? &s->zclass[c].zc_rate : &s->zclass[c].bc_rate;
-    uint32_t other = zcopy ? s->zclass[c].bc_rate : s->zclass[c].zc_rate;
-    if (s->zclass[c].probing) {
+    uint32_t *slot = zcopy ? &k->zc_rate : &k->bc_rate;
+    uint32_t other = zcopy ? k->bc_rate : k->zc_rate;
+    if (k->probing) {
         /* A probe of the method that was losing: if it still loses, wait longer before the next one. */
-        s->zclass[c].probing = false;
+        k->probing = false;
         if (rate < other) {
-            if (s->zclass[c].probe_level < SDP_ZC_PROBE_MAX_LEVEL)
-                s->zclass[c].probe_level++;
+            if (k->probe_level < SDP_ZC_PROBE_MAX_LEVEL)
+                k->probe_level++;
         } else {
-            s->zclass[c].probe_level = 0;
+            k->probe_level = 0;
         }
     }
     *slot = *slot ? (*slot * 3 + rate) / 4 : rate;
+}
+
+bool rs_sdp_z_choose_src(struct rs_sdp_sock *s, size_t len)
+{
+    return !s->zcopy_adaptive || choose_zcopy(s->zclass, len);
+}
+
+void rs_sdp_z_record(struct rs_sdp_sock *s, size_t len, bool zcopy, uint64_t bytes, uint64_t us)
+{
+    record_rate(s->zclass, len, zcopy, bytes, us);
+}
+
+/*
+ * A reader's sink pays when the sender's RDMA WRITE into it beats its Data messages copied out of the ring: on
+ * hardware for large reads; under rxe, where each sink also registers the buffer (docs/verbs.md), copying won at
+ * every size measured (64 KiB to 1 MiB). Timed the same way for both: from the moment the reader found the queue
+ * empty to the return with what arrived.
+ */
+bool rs_sdp_z_choose_sink(struct rs_sdp_sock *s, size_t len)
+{
+    return !s->zcopy_adaptive || choose_zcopy(s->zsink_class, len);
+}
+
+void rs_sdp_z_record_sink(struct rs_sdp_sock *s, size_t len, bool zcopy, uint64_t bytes, uint64_t us)
+{
+    record_rate(s->zsink_class, len, zcopy, bytes, us);
 }
 
 static bool post_ctrl(struct rs_sdp_sock *s, uint8_t mid, uint32_t compl_len)

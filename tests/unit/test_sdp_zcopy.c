@@ -627,6 +627,66 @@ static void test_sink_killed_by_disconn_reports_eof(void **state)
     }
 }
 
+#define ADAPT_ROUNDS 64
+#define ADAPT_LEN (256u * 1024u)
+
+static void *adapt_reader(void *p)
+{
+    struct rs_sdp_sock *a = p;
+    uint8_t *buf = malloc(ADAPT_LEN);
+    for (int i = 0; i < ADAPT_ROUNDS; i++) {
+        size_t got = 0;
+        while (got < ADAPT_LEN) {
+            ssize_t n = rs_sdp_recv(a, buf + got, ADAPT_LEN - got, 0);
+            if (n <= 0 || check_pattern(buf + got, (size_t)n, 40 + (uint32_t)i, got) != -1) {
+                free(buf);
+                return (void *)1;
+            }
+            got += (size_t)n;
+        }
+        if (rs_sdp_send(a, "k", 1, MSG_NOSIGNAL) != 1) {
+            free(buf);
+            return (void *)1;
+        }
+    }
+    free(buf);
+    return NULL;
+}
+
+/*
+ * The default (adaptive) receiver measures both ways of taking a read into an empty queue, a SinkAvail the sender
+ * writes into and Data messages copied out of the ring, and uses the faster: so it neither offers a sink for every
+ * read nor never. Each of the 64 reads here starts with the queue empty (the sender waits for an answer to each).
+ */
+static void test_sink_choice_is_measured(void **state)
+{
+    (void)state;
+    struct rs_sdp_sock *c, *a;
+    sdp_pair(&c, &a);
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, adapt_reader, a), 0);
+    uint8_t *data = malloc(ADAPT_LEN);
+    for (int i = 0; i < ADAPT_ROUNDS; i++) {
+        fill_pattern(data, ADAPT_LEN, 40 + (uint32_t)i, 0);
+        usleep(2000);       /* the reader is waiting on an empty queue by now */
+        assert_int_equal(rs_sdp_send(c, data, ADAPT_LEN, MSG_NOSIGNAL), (ssize_t)ADAPT_LEN);
+        char k;
+        assert_int_equal(rs_sdp_recv(c, &k, 1, 0), 1);
+    }
+    void *ret;
+    assert_int_equal(pthread_join(t, &ret), 0);
+    assert_null(ret);
+    struct rs_sdp_stats sa = sdp_stats(a);
+    print_message("# %d reads of %u KiB: %llu sinks offered, %llu KiB written into them\n", ADAPT_ROUNDS,
+                  ADAPT_LEN >> 10, (unsigned long long)sa.sink_avail_sent,
+                  (unsigned long long)(sa.zcopy_written_bytes >> 10));
+    assert_true(sa.sink_avail_sent >= 1);
+    assert_true(sa.sink_avail_sent < ADAPT_ROUNDS);
+    free(data);
+    rs_sdp_close(c);
+    rs_sdp_close(a);
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -643,6 +703,7 @@ int main(void)
         cmocka_unit_test(test_nonblocking_send_copies),
         cmocka_unit_test(test_msg_zerocopy_notifications),
         cmocka_unit_test(test_sink_killed_by_disconn_reports_eof),
+        cmocka_unit_test(test_sink_choice_is_measured),
     };
     /* SDP_TEST_FILTER / SDP_TEST_SKIP: glob patterns on test names, to run a subset by hand */
     if (getenv("SDP_TEST_FILTER"))
