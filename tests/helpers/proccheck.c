@@ -1092,6 +1092,32 @@ static int mode_forkconn(int port, int clients, uint64_t bytes)
     return ok ? 0 : 1;
 }
 
+/*
+ * The client side of a one-connection mode, in a process of its own: connects, checks the path, runs script
+ * (which ends by sending the checksum of what it received), then expects the end of the stream. Returns its pid,
+ * or -1 (reported) if it could not be started.
+ */
+static pid_t start_client(int lfd, int port, bool (*script)(int fd, uint64_t bytes), uint64_t bytes, const char *who)
+{
+    pid_t pid = fork();
+    if (pid < 0) {
+        fail("fork");
+        return -1;
+    }
+    if (pid > 0)
+        return pid;
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    close(lfd);
+    int fd = connect_to(port);
+    bool ok = fd >= 0 && check_path(port) && script(fd, bytes);
+    char end;
+    if (ok && read(fd, &end, 1) != 0) {
+        errno = 0;
+        ok = fail("%s: no end of stream", who);
+    }
+    _exit(ok ? 0 : 4);
+}
+
 /* shared: the stream, part by part. X: client, before the fork; A: child; B: client; C: parent; D: client. */
 #define SH_SEED_X 0x5a11ull
 #define SH_SEED_A 0xa11aull
@@ -1099,33 +1125,32 @@ static int mode_forkconn(int port, int clients, uint64_t bytes)
 #define SH_SEED_C 0xc33cull
 #define SH_SEED_D 0xd44dull
 
+/* Part X, sent before the fork: a quarter of the others. */
+static uint64_t shared_prelude(uint64_t bytes)
+{
+    return bytes / 4 ? bytes / 4 : 1;
+}
+
+static bool shared_client(int fd, uint64_t bytes)
+{
+    uint64_t sent = FNV_START, got = FNV_START;
+    return send_stream(fd, SH_SEED_X, shared_prelude(bytes), &sent) &&
+           recv_stream(fd, SH_SEED_A, bytes, &got, "shared client: part A (from the child)") &&
+           send_stream(fd, SH_SEED_B, bytes, &sent) &&
+           recv_stream(fd, SH_SEED_C, bytes, &got, "shared client: part C (from the parent)") &&
+           send_stream(fd, SH_SEED_D, bytes, &sent) && sum_matches(fd, sent, "shared client: all it sent") &&
+           write_all(fd, &got, sizeof(got));
+}
+
 static int mode_shared(int port, uint64_t bytes)
 {
     int lfd = listen_on(port);
     if (lfd < 0)
         return 1;
-    uint64_t prelude = bytes / 4 ? bytes / 4 : 1;
-    pid_t client_proc = fork();
+    uint64_t prelude = shared_prelude(bytes);
+    pid_t client_proc = start_client(lfd, port, shared_client, bytes, "shared client");
     if (client_proc < 0)
-        return fail("fork"), 1;
-    if (client_proc == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGTERM);
-        close(lfd);
-        int fd = connect_to(port);
-        uint64_t sent = FNV_START, got = FNV_START;
-        bool ok = fd >= 0 && check_path(port) && send_stream(fd, SH_SEED_X, prelude, &sent) &&
-                  recv_stream(fd, SH_SEED_A, bytes, &got, "shared client: part A (from the child)") &&
-                  send_stream(fd, SH_SEED_B, bytes, &sent) &&
-                  recv_stream(fd, SH_SEED_C, bytes, &got, "shared client: part C (from the parent)") &&
-                  send_stream(fd, SH_SEED_D, bytes, &sent) && sum_matches(fd, sent, "shared client: all it sent");
-        ok = ok && write_all(fd, &got, sizeof(got));
-        char end;
-        if (ok && read(fd, &end, 1) != 0) {
-            errno = 0;
-            ok = fail("shared client: no end of stream");
-        }
-        _exit(ok ? 0 : 4);
-    }
+        return 1;
     report_crashes();
     int c = accept(lfd, NULL, NULL);
     if (c < 0)
@@ -1184,30 +1209,23 @@ static int mode_shared(int port, uint64_t bytes)
 #define EX_SEED_Y 0xe2ull
 #define EX_SEED_Z 0xe3ull
 
+static bool execconn_client(int fd, uint64_t bytes)
+{
+    uint64_t sent = FNV_START, got = FNV_START;
+    return send_stream(fd, EX_SEED_X, bytes, &sent) && sum_matches(fd, sent, "execconn client: X") &&
+           send_stream(fd, EX_SEED_Y, bytes, &sent) &&
+           recv_stream(fd, EX_SEED_Z, bytes, &got, "execconn client: Z (from the new image)") &&
+           sum_matches(fd, sent, "execconn client: X and Y") && write_all(fd, &got, sizeof(got));
+}
+
 static int mode_execconn(int port, uint64_t bytes)
 {
     int lfd = listen_on(port);
     if (lfd < 0)
         return 1;
-    pid_t client_proc = fork();
+    pid_t client_proc = start_client(lfd, port, execconn_client, bytes, "execconn client");
     if (client_proc < 0)
-        return fail("fork"), 1;
-    if (client_proc == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGTERM);
-        close(lfd);
-        int fd = connect_to(port);
-        uint64_t sent = FNV_START, got = FNV_START;
-        bool ok = fd >= 0 && check_path(port) && send_stream(fd, EX_SEED_X, bytes, &sent) &&
-                  sum_matches(fd, sent, "execconn client: X") && send_stream(fd, EX_SEED_Y, bytes, &sent) &&
-                  recv_stream(fd, EX_SEED_Z, bytes, &got, "execconn client: Z (from the new image)") &&
-                  sum_matches(fd, sent, "execconn client: X and Y") && write_all(fd, &got, sizeof(got));
-        char end;
-        if (ok && read(fd, &end, 1) != 0) {
-            errno = 0;
-            ok = fail("execconn client: no end of stream");
-        }
-        _exit(ok ? 0 : 4);
-    }
+        return 1;
     int c = accept4(lfd, NULL, NULL, 0);        /* no close-on-exec: it crosses the exec */
     if (c < 0)
         return fail("accept"), 1;
