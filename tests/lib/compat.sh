@@ -21,6 +21,7 @@
 #   sizes: COMPAT_IPERF_MB (64) COMPAT_SOCAT_MB (64) COMPAT_HTTP_MB (10) COMPAT_REDIS_N (20000)
 #          COMPAT_MEMC_N (20000) COMPAT_AB_N (1000) COMPAT_SLAP_N (2000) COMPAT_JAVA_MB (8) COMPAT_SOCKPERF_S (2)
 #          COMPAT_SOCKPERF_VARIANTS ("s p e": select, poll, epoll)
+#   COMPAT_JAVA_CPUS  run each JVM under `taskset -c` on these CPUs (unset: unpinned; the VM job sets 0)
 #
 # Each program reports a fixed list of TAP lines (declared before it runs) so a crash, a missing program or a
 # server that never came up still prints every line: skipped with the reason, or failed with diagnostics.
@@ -1043,6 +1044,18 @@ compat_java_classes() {
     echo "$out"
 }
 
+# compat_jvm_crash NAME...: the head of each fatal error report those JVMs wrote (signal, frame, thread).
+compat_jvm_crash() {
+    local name report
+    for name in "$@"; do
+        for report in "$COMPAT_DIR/$name".hs_err_*.log; do
+            [[ -f $report ]] || continue
+            echo "--- ${report##*/} (head):"
+            grep -v '^#\s*$' "$report" | head -n 40 | cut -c1-300
+        done
+    done
+}
+
 compat_check_java() {
     local mib=$COMPAT_JAVA_MB conns=4
     compat_program java \
@@ -1056,19 +1069,26 @@ compat_check_java() {
         compat_program_end
         return
     fi
-    local port1 port2 kind port status bytes=$((mib * 1048576))
+    local port1 port2 kind port status bytes=$((mib * 1048576)) pin=()
+    # COMPAT_JAVA_CPUS: run each JVM on these CPUs only (taskset). The soft-RoCE VM sets it: under QEMU's
+    # multi-threaded TCG a JIT that patches code one vCPU may be executing (HotSpot making a compiled method not
+    # entrant) can crash the JVM, with or without rdmasock (docs/compatibility.md, "Java in the VM").
+    [[ -n ${COMPAT_JAVA_CPUS:-} ]] && pin=(taskset -c "$COMPAT_JAVA_CPUS")
     compat_port port1
     compat_port port2
     compat_watch_start
     for kind in blocking nio; do
         if [[ $kind == blocking ]]; then port=$port1; else port=$port2; fi
         local server=java-$kind-server client=java-$kind-client
-        compat_server "$server" java -Xmx256m -cp "$classes" CompatEcho server "$kind" "$COMPAT_ADDR" "$port"
+        # A JVM's fatal error report goes next to the logs (its default, the process's cwd or /tmp, is lost in a VM).
+        compat_server "$server" "${pin[@]}" java -Xmx256m -XX:ErrorFile="$COMPAT_DIR/$server.hs_err_%p.log" -cp "$classes" \
+            CompatEcho server "$kind" "$COMPAT_ADDR" "$port"
         if ! compat_wait_listen "$server" "$port" 60; then
             compat_fail "the Java $kind server did not listen on port $port" "$(compat_diag "$server.log" "$server.err")"
             continue
         fi
-        compat_run "$client" java -Xmx256m -cp "$classes" CompatEcho client "$kind" "$COMPAT_ADDR" "$port" "$conns" "$bytes" "$RANDOM"
+        compat_run "$client" "${pin[@]}" java -Xmx256m -XX:ErrorFile="$COMPAT_DIR/$client.hs_err_%p.log" -cp "$classes" \
+            CompatEcho client "$kind" "$COMPAT_ADDR" "$port" "$conns" "$bytes" "$RANDOM"
         status=$?
         # The server reports each connection once its echo is flushed and closed.
         local echoed start=$SECONDS
@@ -1079,7 +1099,7 @@ compat_check_java() {
         done
         [[ $status == 0 && $echoed == $((conns * bytes)) ]] && grep -q "^all $conns connections verified" "$COMPAT_DIR/$client.out"
         compat_verdict $? "client exit $status; server echoed $echoed of $((conns * bytes)) bytes" \
-            "$(compat_diag "$client.out" "$client.err" "$server.log" "$server.err")"
+            "$(compat_diag "$client.out" "$client.err" "$server.log" "$server.err"; compat_jvm_crash "$client" "$server")"
     done
     compat_evidence "$port1,$port2" "$bytes"
     compat_program_end

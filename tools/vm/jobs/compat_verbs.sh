@@ -20,6 +20,9 @@ export COMPAT_CLIENT_TIMEOUT=${COMPAT_CLIENT_TIMEOUT:-90}
 export COMPAT_SOCKPERF_VARIANTS=${COMPAT_SOCKPERF_VARIANTS:-e}
 # Compiled on the host by the suite: the guest sees the build folder read-only.
 export COMPAT_JAVA_CLASSES=${COMPAT_JAVA_CLASSES:-$RS_BUILD/java}
+# Each JVM on one vCPU: QEMU's multi-threaded TCG does not make code patched on one vCPU visible atomically to
+# another, and HotSpot patches compiled methods while other threads run them (docs/compatibility.md, F7).
+export COMPAT_JAVA_CPUS=${COMPAT_JAVA_CPUS-0}
 
 programs=${RS_VM_COMPAT_ONLY:-iperf3 sockperf redis memcached nginx socat apache2-prefork apache2-event mariadb curl java}
 
