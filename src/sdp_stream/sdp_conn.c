@@ -1091,13 +1091,23 @@ void rs_sdp_progress(struct rs_sdp_sock *s)
  * threads per completion for the work of one, and a wake-up costs more than a small message, far more in a VM
  * (64 B ping-pong over rxe under TCG: 230 us per transfer with the progress thread woken each time, 45 us
  * without). So when the progress thread finds an application thread at the CQ it leaves the CQ to it: it stops
- * watching the fd and re-arms only for a thread asleep on it, and looks again every SDP_LAZY_TICK_MS. The first
- * tick that finds no application thread polled or slept since the previous look takes the duty back (watch, arm,
- * poll), so no completion waits longer than about a tick for somebody. Programs that wait in poll/epoll arm
- * nothing and miss once per readiness at most: they never hand the duty over. rsockets has no progress thread at
- * all, so its peers wait for credits until the application calls in; this keeps the thread and drops its cost.
+ * watching the fd and re-arms only for a thread asleep on it, and looks again every SDP_LAZY_TICK_MS. The second
+ * tick in a row that finds no application thread polled or slept since the previous look takes the duty back
+ * (watch, arm, poll), so no completion waits longer than about two ticks for somebody. Programs that wait in
+ * poll/epoll arm nothing and miss once per readiness at most: they never hand the duty over. rsockets has no
+ * progress thread at all, so its peers wait for credits until the application calls in; this keeps the thread
+ * and drops its cost.
+ *
+ * Hysteresis both ways, because a poller is not always running: on a loaded machine (two vCPUs under TCG for two
+ * pollers and two progress threads) it may miss a whole tick, or find nothing between two of the thread's looks.
+ * Deciding on one look made the duty flap (CI: 1848 wake-ups in 2000 round trips, six hand-overs). Handing over
+ * counts misses over a window of up to SDP_BUSY_WINDOW looks: SDP_BUSY_MISSES at once, or two per look on
+ * average (an event loop misses about once per message, which is one or two looks); taking back needs
+ * SDP_ABSENT_TICKS ticks in a row without the application.
  */
 #define SDP_BUSY_MISSES 4
+#define SDP_BUSY_WINDOW 8
+#define SDP_ABSENT_TICKS 2
 
 void rs_sdp_note_poll_miss(struct rs_sdp_sock *s)
 {
@@ -1105,12 +1115,18 @@ void rs_sdp_note_poll_miss(struct rs_sdp_sock *s)
         s->app_poll_misses++;
 }
 
-/* Whether an application thread is at the CQ now or was since the last look; starts a new period. */
+/* Whether an application thread is at the CQ now or was within the current window of looks (see above). */
 static bool app_at_cq(struct rs_sdp_sock *s)
 {
-    bool at_cq = s->cq_waiters > 0 || s->app_waited || s->app_poll_misses >= SDP_BUSY_MISSES;
+    s->app_poll_looks++;
+    unsigned need = 2u * s->app_poll_looks;
+    bool busy = s->app_poll_misses >= (need > SDP_BUSY_MISSES ? need : SDP_BUSY_MISSES);
+    bool at_cq = s->cq_waiters > 0 || s->app_waited || busy;
     s->app_waited = false;
-    s->app_poll_misses = 0;
+    if (busy || s->app_poll_looks >= SDP_BUSY_WINDOW) {
+        s->app_poll_misses = 0;
+        s->app_poll_looks = 0;
+    }
     return at_cq && s->state == SDP_ST_CONNECTED && !s->broken;
 }
 
@@ -1124,6 +1140,8 @@ uint64_t rs_sdp_on_cq(struct rs_sdp_sock *s)
     if (s->cq) {
         bool was_lazy = s->cq_lazy;
         s->cq_lazy = app_at_cq(s);
+        if (s->cq_lazy)
+            s->app_absent_ticks = 0;
         if (s->cq_lazy && !was_lazy)
             s->stats.cq_handovers++;
         /* Lazy, the arm that woke us may have been a sleeping application thread's: renew it for that thread,
@@ -1152,8 +1170,12 @@ uint64_t rs_sdp_on_timer(struct rs_sdp_sock *s)
     pthread_mutex_lock(&s->lock);
     progress_step(s, true);
     /* Taking the duty back: the loop watches the fd again and looks at once (rs_sdp_on_cq arms). */
-    if (s->cq_lazy && !app_at_cq(s))
-        s->cq_lazy = false;
+    if (s->cq_lazy) {
+        if (app_at_cq(s))
+            s->app_absent_ticks = 0;
+        else if (++s->app_absent_ticks >= SDP_ABSENT_TICKS)
+            s->cq_lazy = false;
+    }
     uint64_t next = rs_sdp_timers(s, rs_sdp_now_ms());
     if (s->dirty) {
         s->dirty = false;

@@ -195,7 +195,9 @@ struct rs_sdp_sock {
     uint16_t interest_count[16];    /* per poll bit */
     struct sdp_waiter *waiters;
     /* CQ duty (sdp_conn.c): who looks at the CQ. Under the lock; cq_lazy is written on the loop thread only. */
-    unsigned app_poll_misses;       /* nonblocking calls that found nothing since the progress thread looked */
+    unsigned app_poll_misses;       /* nonblocking calls that found nothing in the current window of looks */
+    uint8_t app_poll_looks;         /* the progress thread's looks in that window */
+    uint8_t app_absent_ticks;       /* lazy: consecutive ticks that found no application thread at the CQ */
     int cq_waiters;                 /* application threads asleep on the CQ fd */
     bool app_waited;                /* one slept on the CQ fd since the progress thread looked */
     bool cq_lazy;                   /* the progress thread has left the CQ to application threads */
