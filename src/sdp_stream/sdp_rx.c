@@ -487,11 +487,21 @@ ssize_t rs_sdp_recvmsg(struct rs_sdp_sock *s, const struct iovec *iov, int iovcn
     if (result == -EAGAIN && copied == 0 && (s->rx_eof || s->state == SDP_ST_CLOSED) && s->rxq_count == 0 &&
         s->hb.phase == SDP_HB_NONE)
         result = rs_sdp_take_error(s, 0);
-    s->dirty = true;
-    rs_sdp_progress(s);
-    if (s->dirty) {
-        s->dirty = false;
-        rs_sdp_signal(s);
+    if (result == -EAGAIN && copied == 0) {
+        /* A miss consumed nothing: the look at the CQ above is all it owes. A busy-polling reader makes many per
+         * message, and each costs it latency; a second round of the protocol here doubled that. Readiness is
+         * refreshed only if the look changed something or the notification fd may still say readable. */
+        if (s->dirty || s->notify_on) {
+            s->dirty = false;
+            rs_sdp_signal(s);
+        }
+    } else {
+        s->dirty = true;
+        rs_sdp_progress(s);
+        if (s->dirty) {
+            s->dirty = false;
+            rs_sdp_signal(s);
+        }
     }
     pthread_mutex_unlock(&s->lock);
     rs_sdp_put(s);
