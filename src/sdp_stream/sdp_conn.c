@@ -1167,7 +1167,17 @@ uint64_t rs_sdp_on_cm(struct rs_sdp_sock *s)
 
 uint64_t rs_sdp_on_timer(struct rs_sdp_sock *s)
 {
-    pthread_mutex_lock(&s->lock);
+    /* The lazy tick finds an application thread holding the socket: it is at the CQ right now, running the
+     * protocol and the timers itself (rs_sdp_progress). Waiting for its lock would only make it wait for ours
+     * next; look again at the next tick (set_timer keeps the tick while cq_lazy, written on this thread only). */
+    if (s->cq_lazy) {
+        if (pthread_mutex_trylock(&s->lock) != 0) {
+            s->app_absent_ticks = 0;        /* loop thread only, like cq_lazy */
+            return 0;
+        }
+    } else {
+        pthread_mutex_lock(&s->lock);
+    }
     progress_step(s, true);
     /* Taking the duty back: the loop watches the fd again and looks at once (rs_sdp_on_cq arms). */
     if (s->cq_lazy) {
