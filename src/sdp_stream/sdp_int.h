@@ -108,6 +108,8 @@ struct sdp_waiter {
     int fd;
     bool signalled;
     bool rx_only;                   /* only the peer's messages can end this wait (a reader waiting for data) */
+    bool spinning;                  /* its thread is polling, not asleep: a signal need not write its fd */
+    bool fd_written;                /* a signal wrote its fd: read it back before the fd serves another wait */
 };
 
 struct sdp_reg;             /* registration cache entry (sdp_regcache.c) */

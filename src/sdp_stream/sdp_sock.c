@@ -253,7 +253,10 @@ void rs_sdp_signal(struct rs_sdp_sock *s)
     for (struct sdp_waiter *w = s->waiters; w; w = w->next) {
         if (!w->signalled) {
             w->signalled = true;
-            efd_write(w->fd);
+            if (!w->spinning) {
+                efd_write(w->fd);
+                w->fd_written = true;
+            }
         }
     }
 }
@@ -291,17 +294,25 @@ static uint64_t mono_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-/* Polls (lock held on entry and exit, dropped between rounds so the progress thread and other callers get it)
- * until something signals this waiter or the budget is spent. True if it was signalled: no need to sleep. */
-static bool spin_before_sleep(struct rs_sdp_sock *s, const struct sdp_waiter *w, uint64_t budget_ns)
+/*
+ * Polls (lock held on entry and exit, dropped between rounds so the progress thread and other callers get it)
+ * until something signals this waiter or the budget is spent. True if it was signalled: no need to sleep.
+ * While it spins a signal only sets w->signalled (no eventfd write, no read to take it back: two system calls per
+ * message that a spinning thread does not need), and the clock is read every SPIN_CLOCK_ROUNDS rounds only:
+ * under an emulated CPU whose clocksource is not in the vDSO (hpet under TCG) each read is a system call that
+ * costs more than a round.
+ */
+#define SPIN_CLOCK_ROUNDS 8u
+static bool spin_before_sleep(struct rs_sdp_sock *s, struct sdp_waiter *w, uint64_t budget_ns)
 {
     uint64_t until = mono_ns() + budget_ns;
-    for (;;) {
+    w->spinning = true;
+    for (unsigned round = 1;; round++) {
         rs_sdp_progress(s);
-        if (w->signalled || s->state != SDP_ST_CONNECTED)
+        if (w->signalled || s->state != SDP_ST_CONNECTED || (round % SPIN_CLOCK_ROUNDS == 0 && mono_ns() >= until)) {
+            w->spinning = false;
             return w->signalled;
-        if (mono_ns() >= until)
-            return false;
+        }
         pthread_mutex_unlock(&s->lock);
 #if defined(__x86_64__) || defined(__i386__)
         __builtin_ia32_pause();
@@ -349,8 +360,12 @@ static int wait_common(struct rs_sdp_sock *s, uint64_t deadline_ms, bool interru
         s->app_waited = true;
         /* Arm so a new completion makes the CQ fd readable; any completion already queued is found by the
          * caller's next progress call (it loops), so the fd being readable already is harmless. */
-        solicited = sleep_on_solicited(s, &w);
-        rs_rnic_cq_arm(s->cq, solicited);
+        /* With a spin the arm comes after it: a spin that catches the message leaves no armed CQ behind, whose
+         * event somebody would have to read and acknowledge (two system calls, a wake-up of the progress thread). */
+        if (!spin_ns()) {
+            solicited = sleep_on_solicited(s, &w);
+            rs_rnic_cq_arm(s->cq, solicited);
+        }
         pfd[1].fd = rs_rnic_cq_fd(s->cq);
         nfds = 2;
         int extra[SDP_WAIT_RNIC_FDS];
@@ -368,6 +383,17 @@ static int wait_common(struct rs_sdp_sock *s, uint64_t deadline_ms, bool interru
     uint64_t budget = spin_ns();
     bool spun = budget && s->cq && s->state == SDP_ST_CONNECTED && !deadline_ms_passed(deadline_ms) &&
                 spin_before_sleep(s, &w, budget);
+    if (budget && at_cq && !spun) {
+        /* Arm, then look once more: what completed between the spin's last poll and the arm raises no event. */
+        solicited = sleep_on_solicited(s, &w);
+        rs_rnic_cq_arm(s->cq, solicited);
+        if (s->state != SDP_ST_CLOSED) {
+            w.spinning = true;
+            rs_sdp_progress(s);
+            w.spinning = false;
+            spun = w.signalled;
+        }
+    }
     if (!spun) {
         s->stats.app_sleeps++;
         s->stats.app_sleeps_solicited += solicited;
@@ -411,9 +437,9 @@ static int wait_common(struct rs_sdp_sock *s, uint64_t deadline_ms, bool interru
             break;
         }
     }
-    /* Read it only when it was written (a signaller sets signalled first, under the lock) or found readable: an
+    /* Read it only when it was written (a signaller sets fd_written, under the lock) or found readable: an
      * unconditional read costs every wake-up a system call that mostly finds nothing. */
-    if (w.signalled || (pfd[0].revents & POLLIN))
+    if (w.fd_written || (pfd[0].revents & POLLIN))
         efd_drain(fd);
     if (nfds >= 2 && (pfd[1].revents & POLLIN) && s->cq) {
         /* Woken by the CQ itself: take the notification over from the progress thread (left readable, every
