@@ -359,9 +359,9 @@ static int wait_common(struct rs_sdp_sock *s, uint64_t deadline_ms, bool interru
         s->cq_waiters++;
         s->app_waited = true;
         /* Arm so a new completion makes the CQ fd readable; any completion already queued is found by the
-         * caller's next progress call (it loops), so the fd being readable already is harmless. */
-        /* With a spin the arm comes after it: a spin that catches the message leaves no armed CQ behind, whose
-         * event somebody would have to read and acknowledge (two system calls, a wake-up of the progress thread). */
+         * caller's next progress call (it loops), so the fd being readable already is harmless. With a spin the
+         * arm comes after it (below): a spin that catches the message leaves no armed CQ behind, whose event
+         * somebody would have to read and acknowledge (two system calls, a wake-up of the progress thread). */
         if (!spin_ns()) {
             solicited = sleep_on_solicited(s, &w);
             rs_rnic_cq_arm(s->cq, solicited);
