@@ -396,6 +396,8 @@ struct rs_rnic_ud_counters {
     uint64_t rx_raw;                /* datagrams handed back raw (both statuses) */
     uint64_t rx_raw_dropped;        /* raw datagrams dropped: raw queue full */
     uint64_t rx_refused;            /* datagram-iWARP refused: protection, malformed, late (not handed back) */
+    uint64_t thread_wakeups;        /* times the provider's thread was woken to carry this QP's datagrams because no
+                                       caller was polling (verbs; the soft RNIC's engine has no such hand-over: 0) */
 };
 int rs_rnic_ud_counters(const struct rs_rnic_qp *qp, struct rs_rnic_ud_counters *out);
 

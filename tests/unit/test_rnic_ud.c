@@ -2,7 +2,8 @@
  * UD conformance tests for rnic.h: datagram SEND/RECV (sizes, segmentation, source address), RDMA Write-Record
  * (single and multi segment, validity maps under loss, timeout), protection (bad STag, wrong PD, access, bounds,
  * wrapping offsets never touch memory outside the region), STag invalidation, CQ overflow, UD RDMA READ with a
- * timeout, multicast and broadcast on loopback, fairness between two busy QPs.
+ * timeout, multicast and broadcast on loopback, fairness between two busy QPs, and who carries the datagrams (a
+ * busy-polling caller, then the provider again once it sleeps on the CQ fd or stops polling).
  *
  * Written against rnic.h only, real sockets, no mocks. The provider comes from RS_RNIC_KIND (soft | verbs,
  * default soft) so the same binary runs against the verbs provider later; the local address from RS_TEST_ADDR
@@ -1365,6 +1366,159 @@ static void test_fairness(void **state)
     rs_rnic_close(rnic);
 }
 
+/* ---- who carries the datagrams: a polling caller, or the provider's thread ---- */
+
+/* Polls without sleeping (as a busy-polling application does) until a completion of opcode `op` arrives. */
+static void spin_for(struct rs_rnic_cq *cq, enum rs_rnic_wc_opcode op, struct rs_rnic_wc *out)
+{
+    uint64_t end = now_ms() + 5000;
+    for (unsigned spins = 1;; spins++) {
+        struct rs_rnic_wc wc;
+        int n = rs_rnic_poll_cq(cq, 1, &wc);
+        assert_true(n >= 0);
+        if (n == 1) {
+            assert_int_equal(wc.status, RS_WC_SUCCESS);
+            if (wc.opcode == op) {
+                *out = wc;
+                return;
+            }
+        }
+        if (spins % 1024 == 0)
+            assert_true(now_ms() < end);
+    }
+}
+
+/* `rounds` 64-byte SEND ping-pongs between a and b, both busy polled, each message checked. */
+static void busy_ping_pong(struct pair *p, struct buf *a_buf, struct buf *b_buf, int rounds)
+{
+    for (int r = 0; r < rounds; r++) {
+        struct rs_rnic_wc wc;
+        fill_pattern(a_buf->p, 64, (uint32_t)r);
+        post_recv(&p->b, b_buf, 256, 64, 1);
+        assert_int_equal(post_send_op(&p->a, p->a_to_b, RS_WR_SEND, a_buf, 0, 64, 2, 0, 0, 0), 0);
+        spin_for(p->b.cq, RS_WC_RECV, &wc);
+        assert_int_equal(wc.byte_len, 64);
+        assert_memory_equal(b_buf->p + 256, a_buf->p, 64);
+        memcpy(b_buf->p, b_buf->p + 256, 64);
+        post_recv(&p->a, a_buf, 256, 64, 3);
+        assert_int_equal(post_send_op(&p->b, p->b_to_a, RS_WR_SEND, b_buf, 0, 64, 4, 0, 0, 0), 0);
+        spin_for(p->a.cq, RS_WC_RECV, &wc);
+        assert_memory_equal(a_buf->p + 256, a_buf->p, 64);
+    }
+    /* The SEND completions not yet taken (spin_for skipped some, the last ones may still come). */
+    struct rs_rnic_wc wc;
+    while (wait_wc(p->a.cq, 50, &wc) == 1 || wait_wc(p->b.cq, 50, &wc) == 1)
+        assert_int_equal(wc.status, RS_WC_SUCCESS);
+}
+
+/* A busy-polling caller carries its QP's datagrams itself: on verbs the provider's thread is not woken for each
+ * of them (ud_progress.c), which cost a UD ping-pong 2-5x its latency. */
+static void test_busy_poller_carries_datagrams(void **state)
+{
+    struct pair *p = *state;
+    struct buf a_buf, b_buf;
+    buf_reg(&a_buf, p->a.pd, 512, RS_ACCESS_LOCAL_WRITE);
+    buf_reg(&b_buf, p->b.pd, 512, RS_ACCESS_LOCAL_WRITE);
+    const int rounds = 500;
+    busy_ping_pong(p, &a_buf, &b_buf, rounds);
+    struct rs_rnic_ud_counters ca, cb;
+    assert_int_equal(rs_rnic_ud_counters(p->a.qp, &ca), 0);
+    assert_int_equal(rs_rnic_ud_counters(p->b.qp, &cb), 0);
+    print_message("provider thread woken %llu (a) and %llu (b) times in %d round trips\n",
+                  (unsigned long long)ca.thread_wakeups, (unsigned long long)cb.thread_wakeups, rounds);
+    /* Each QP saw 2 * rounds completions (a datagram in, one out); woken for each, that would be ~1000. A few
+     * wake-ups happen while a look of the thread finds no poll (the test thread descheduled). */
+    assert_true(ca.thread_wakeups < (uint64_t)rounds / 10);
+    assert_true(cb.thread_wakeups < (uint64_t)rounds / 10);
+    buf_free(&a_buf);
+    buf_free(&b_buf);
+}
+
+struct delayed_send {
+    struct pair *p;
+    struct buf *buf;
+    unsigned delay_ms;
+    uint64_t sent_ms;
+};
+
+static void *send_later(void *arg)
+{
+    struct delayed_send *d = arg;
+    sleep_ms(d->delay_ms);
+    fill_pattern(d->buf->p, 100, 77);
+    d->sent_ms = now_ms();
+    if (post_send_op(&d->p->a, d->p->a_to_b, RS_WR_SEND, d->buf, 0, 100, 5, 0, 0, 0) != 0)
+        d->sent_ms = 0;
+    return NULL;
+}
+
+/* After busy polling, a caller that arms its CQ and sleeps on the fd is woken by the next datagram: the provider
+ * must stop relying on polls that no longer come. */
+static void test_sleeper_woken_after_busy_polling(void **state)
+{
+    struct pair *p = *state;
+    struct buf a_buf, b_buf;
+    buf_reg(&a_buf, p->a.pd, 512, RS_ACCESS_LOCAL_WRITE);
+    buf_reg(&b_buf, p->b.pd, 512, RS_ACCESS_LOCAL_WRITE);
+    busy_ping_pong(p, &a_buf, &b_buf, 200);
+    post_recv(&p->b, &b_buf, 0, 512, 6);
+    struct rs_rnic_wc wc;
+    assert_int_equal(rs_rnic_poll_cq(p->b.cq, 1, &wc), 0);
+    assert_int_equal(rs_rnic_cq_arm(p->b.cq, false), 0);
+    assert_int_equal(rs_rnic_poll_cq(p->b.cq, 1, &wc), 0);
+    struct delayed_send d = { p, &a_buf, 100, 0 };
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, send_later, &d), 0);
+    struct pollfd pfd = { .fd = rs_rnic_cq_fd(p->b.cq), .events = POLLIN };
+    int n = poll(&pfd, 1, 5000);
+    uint64_t woken = now_ms();
+    pthread_join(t, NULL);
+    assert_true(d.sent_ms != 0);
+    assert_int_equal(n, 1);
+    print_message("woken %llu ms after the send\n", (unsigned long long)(woken - d.sent_ms));
+    rs_rnic_cq_ack_events(p->b.cq);
+    assert_int_equal(wait_wc(p->b.cq, 1000, &wc), 1);
+    assert_int_equal(wc.status, RS_WC_SUCCESS);
+    assert_int_equal(wc.wr_id, 6);
+    assert_int_equal(wc.byte_len, 100);
+    assert_memory_equal(b_buf.p, a_buf.p, 100);
+    buf_free(&a_buf);
+    buf_free(&b_buf);
+}
+
+/* After busy polling, the target stops polling without arming: one-sided placement must still happen (on verbs
+ * the provider's thread notices the polls stopped and takes the QP back). */
+static void test_placement_after_polling_stops(void **state)
+{
+    struct pair *p = *state;
+    struct buf a_buf, b_buf, target;
+    buf_reg(&a_buf, p->a.pd, 4096, RS_ACCESS_LOCAL_WRITE);
+    buf_reg(&b_buf, p->b.pd, 512, RS_ACCESS_LOCAL_WRITE);
+    buf_reg(&target, p->b.pd, 4096, RS_ACCESS_REMOTE_WRITE);
+    busy_ping_pong(p, &a_buf, &b_buf, 200);
+    fill_pattern(a_buf.p, 3000, 99);
+    uint64_t t0 = now_ms();
+    assert_int_equal(post_send_op(&p->a, p->a_to_b, RS_WR_WRITE_RECORD, &a_buf, 0, 3000, 7, 0,
+                                  (uintptr_t)target.p + 500, target.mr->rkey), 0);
+    expect_send_wc(&p->a, 7, RS_WC_WRITE_RECORD, RS_WC_SUCCESS);
+    /* Nobody polls b's CQ: watch the memory. */
+    while (memcmp(target.p + 500, a_buf.p, 3000) != 0 && now_ms() < t0 + 3000)
+        sleep_ms(1);
+    uint64_t placed = now_ms();
+    assert_memory_equal(target.p + 500, a_buf.p, 3000);
+    print_message("placed %llu ms after the post without a poll at the target\n",
+                  (unsigned long long)(placed - t0));
+    struct rs_rnic_wc wc;
+    assert_int_equal(wait_wc(p->b.cq, 1000, &wc), 1);
+    assert_int_equal(wc.status, RS_WC_SUCCESS);
+    assert_int_equal(wc.opcode, RS_WC_RECV_WRITE_RECORD);
+    assert_int_equal(wc.record.offset, 500);
+    assert_int_equal(wc.byte_len, 3000);
+    buf_free(&a_buf);
+    buf_free(&b_buf);
+    buf_free(&target);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1388,6 +1542,9 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_broadcast, setup_pair, teardown_pair),
         cmocka_unit_test(test_ipv6),
         cmocka_unit_test(test_fairness),
+        cmocka_unit_test_setup_teardown(test_busy_poller_carries_datagrams, setup_pair, teardown_pair),
+        cmocka_unit_test_setup_teardown(test_sleeper_woken_after_busy_polling, setup_pair, teardown_pair),
+        cmocka_unit_test_setup_teardown(test_placement_after_polling_stops, setup_pair, teardown_pair),
     };
     return cmocka_run_group_tests_name("rnic_ud", tests, NULL, NULL);
 }

@@ -175,6 +175,13 @@ int rs_v_cq_arm(struct rs_rnic_cq *base, bool solicited_only)
             cq->hw_armed = want;
     }
     pthread_mutex_unlock(&cq->lock);
+    /* The UD QPs completing here may have been left to polling callers; this one is about to sleep. */
+    if (__atomic_load_n(&cq->nud, __ATOMIC_RELAXED)) {
+        pthread_mutex_lock(&cq->ud_lock);
+        for (uint32_t i = 0; i < cq->nud; i++)
+            rs_v_ud_app_waits(cq->ud_qps[i]);
+        pthread_mutex_unlock(&cq->ud_lock);
+    }
     return r ? -r : 0;
 }
 

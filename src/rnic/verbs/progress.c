@@ -70,10 +70,8 @@ static void handle_comp(struct rs_v_dev *dev, struct rs_v_progress *p)
         pthread_mutex_lock(&p->lock);
         struct rs_v_qp *qp = context;
         /* An event of a QP already unwatched is only acknowledged: its destroy waits for that. */
-        if (watched(p, qp)) {
-            ibv_req_notify_cq(cq, 0);
-            rs_v_ud_process_cq(qp);
-        }
+        if (watched(p, qp))
+            rs_v_ud_on_event(qp);
         ibv_ack_cq_events(cq, 1);
         pthread_mutex_unlock(&p->lock);
     }
@@ -117,6 +115,9 @@ static int run_timers(struct rs_v_progress *p)
     pthread_mutex_lock(&p->lock);
     for (uint32_t i = 0; i < p->nqps; i++) {
         uint64_t t = rs_v_ud_timers(p->qps[i], now);
+        if (t && (!next || t < next))
+            next = t;
+        t = rs_v_ud_duty_tick(p->qps[i], now);
         if (t && (!next || t < next))
             next = t;
     }

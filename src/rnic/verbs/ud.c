@@ -862,26 +862,7 @@ static void rx_datagram(struct rs_v_ud *ud, const struct ibv_wc *wc)
     pthread_mutex_unlock(&ud->rx_lock);
 }
 
-static void process_cq(struct rs_v_qp *qp);
-
-void rs_v_ud_try_progress(struct rs_v_qp *qp)
-{
-    struct rs_v_ud *ud = qp->ud;
-    if (pthread_mutex_trylock(&ud->progress_lock))
-        return;
-    process_cq(qp);
-    pthread_mutex_unlock(&ud->progress_lock);
-}
-
-void rs_v_ud_process_cq(struct rs_v_qp *qp)
-{
-    struct rs_v_ud *ud = qp->ud;
-    pthread_mutex_lock(&ud->progress_lock);
-    process_cq(qp);
-    pthread_mutex_unlock(&ud->progress_lock);
-}
-
-static void process_cq(struct rs_v_qp *qp)
+void rs_v_ud_run_cq(struct rs_v_qp *qp)
 {
     struct rs_v_ud *ud = qp->ud;
     for (;;) {
@@ -930,11 +911,26 @@ static void process_cq(struct rs_v_qp *qp)
     }
 }
 
+/* The progress thread's timers must not make a polling application wait for a lock (it would sleep, and on a
+ * busy CPU wake up late): a busy lock is tried again 1 ms later, up to RS_V_TIMER_MAX_SKIPS times in a row. */
+static bool lock_for_timers(struct rs_v_ud *ud, pthread_mutex_t *lock)
+{
+    if (pthread_mutex_trylock(lock) == 0)
+        return true;
+    if (ud->timer_skips < RS_V_TIMER_MAX_SKIPS) {
+        ud->timer_skips++;
+        return false;
+    }
+    pthread_mutex_lock(lock);
+    return true;
+}
+
 uint64_t rs_v_ud_timers(struct rs_v_qp *qp, uint64_t now)
 {
     struct rs_v_ud *ud = qp->ud;
     uint64_t next = 0;
-    pthread_mutex_lock(&ud->rx_lock);
+    if (!lock_for_timers(ud, &ud->rx_lock))
+        return now + 1;
     struct rs_v_msg *m = ud->age_head;
     while (m) {
         struct rs_v_msg *following = m->next;
@@ -962,7 +958,9 @@ uint64_t rs_v_ud_timers(struct rs_v_qp *qp, uint64_t now)
         m = following;
     }
     pthread_mutex_unlock(&ud->rx_lock);
-    pthread_mutex_lock(&ud->tx_lock);
+    if (!lock_for_timers(ud, &ud->tx_lock))
+        return next && next < now + 1 ? next : now + 1;
+    ud->timer_skips = 0;
     for (struct rs_v_job *job = ud->app_head; job; job = job->next) {
         if (job->kind != RS_V_JOB_READ || job->done)
             continue;
@@ -1037,6 +1035,7 @@ int rs_v_ud_bind(struct rs_rnic_qp *base, const struct sockaddr *local, socklen_
     ud->port = ntohs(rdma_get_src_port(id));
     ud->bind_id = id;
     ibv_req_notify_cq(ud->cq, 0);
+    ud->notify_armed = true;
     r = rs_v_progress_watch_qp(qp->dev, qp);
     if (r == 0) {
         uint32_t *all = malloc(ud->rcount * sizeof(*all));
@@ -1495,6 +1494,7 @@ int rs_v_ud_counters(const struct rs_rnic_qp *base, struct rs_rnic_ud_counters *
     /* Read without the receive lock: each is one word the progress path only increments. */
     out->rx_no_recv = __atomic_load_n(&qp->ud->dropped, __ATOMIC_RELAXED);
     out->rx_refused = __atomic_load_n(&qp->ud->refused, __ATOMIC_RELAXED);
+    out->thread_wakeups = __atomic_load_n(&qp->ud->wakeups, __ATOMIC_RELAXED);
     return 0;
 }
 

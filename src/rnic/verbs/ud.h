@@ -125,6 +125,9 @@ struct rs_v_mcast {
     uint32_t remote_qpn, qkey;
 };
 
+/* Timer runs in a row the progress thread may postpone because the application holds a lock (ud.c). */
+#define RS_V_TIMER_MAX_SKIPS 8
+
 struct rs_v_ud {
     struct rs_v_qp *qp;
     struct ibv_cq *cq;
@@ -150,6 +153,14 @@ struct rs_v_ud {
     struct ibv_send_wr batch[32];   /* datagrams prepared, posted with one doorbell */
     uint32_t nbatch;
     pthread_mutex_t progress_lock;  /* one at a time runs the internal CQ: the thread or a polling caller */
+    /* Who runs the internal CQ (ud_progress.c): the progress thread is woken by it only while nobody polls. */
+    atomic_uint app_polls;          /* polls of a CQ this QP completes to, by the application */
+    uint32_t polls_seen;            /* app_polls at the progress thread's last look (progress_lock) */
+    bool notify_armed;              /* the internal CQ is armed for the progress thread (progress_lock) */
+    uint64_t duty_check_ms;         /* while not armed: when the thread looks again (progress_lock) */
+    uint32_t duty_tick_ms;          /* ... and the interval, doubling while the polls go on (progress_lock) */
+    uint32_t timer_skips;           /* timer runs in a row that found a lock busy (progress thread) */
+    uint64_t wakeups;               /* internal CQ events the thread handled (progress_lock; read relaxed) */
     pthread_mutex_t tx_lock;
     struct rs_v_job *app_head, *app_tail;   /* posted, in order */
     struct rs_v_job *resp_head, *resp_tail; /* READ answers */
@@ -178,6 +189,8 @@ struct rs_v_msg *rs_v_msg_new(struct rs_v_ud *ud, const struct rs_v_src *src, ui
                               uint64_t deadline_ms);
 void rs_v_msg_done(struct rs_v_msg *m, uint64_t now_ms);
 void rs_v_send_completion(struct rs_v_ud *ud, struct rs_v_job *job);
+/* Runs the internal CQ until it is empty (progress_lock held). */
+void rs_v_ud_run_cq(struct rs_v_qp *qp);
 /* Copies bytes into a scatter list at a message offset, checking every lkey in software (mr_lock held). */
 enum rs_rnic_wc_status rs_v_scatter(struct rs_v_qp *qp, const struct rs_rnic_sge *sge, int num_sge, uint64_t offset,
                                     const uint8_t *data, uint32_t len);

@@ -494,10 +494,14 @@ int rs_v_ud_post_send(struct rs_v_qp *qp, struct rs_rnic_send_wr *wr, struct rs_
 int rs_v_ud_post_recv(struct rs_v_qp *qp, struct rs_rnic_recv_wr *wr, struct rs_rnic_recv_wr **bad_wr);
 void rs_v_ud_set_error(struct rs_v_qp *qp);
 void rs_v_ud_qos_changed(struct rs_v_qp *qp);
-/* Progress thread side. */
-void rs_v_ud_process_cq(struct rs_v_qp *qp);
-/* The same from an application thread polling its CQ: skipped when someone else is at it. */
+/* ud_progress.c: who runs the internal CQ. The progress thread after the CQ's event: */
+void rs_v_ud_on_event(struct rs_v_qp *qp);
+/* ... and while the CQ is left to polling callers: returns when to look again (ms, 0 = armed, no need). */
+uint64_t rs_v_ud_duty_tick(struct rs_v_qp *qp, uint64_t now_ms);
+/* An application thread polling a CQ of the QP: skipped when someone else is at it. */
 void rs_v_ud_try_progress(struct rs_v_qp *qp);
+/* An application thread arming a CQ of the QP, to sleep on its fd: the thread must be woken again. */
+void rs_v_ud_app_waits(struct rs_v_qp *qp);
 /* Runs what is due; returns the next deadline (ms, 0 = none). */
 uint64_t rs_v_ud_timers(struct rs_v_qp *qp, uint64_t now_ms);
 /* rdma_cm events for the ids the progress thread owns (UD binds: SIDR requests, multicast joins). */
