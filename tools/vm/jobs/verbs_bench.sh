@@ -1,7 +1,8 @@
 #!/bin/bash
 # One-VM job of bench/verbs/run.sh: the same rxe device measured by perftest (raw verbs) and by rdmasock-perf
 # through the verbs provider, back to back in one boot, so their ratios compare stacks on one machine state.
-# Writes perftest.csv (test,size,metric,value) and rdmasock.csv (rdmasock-perf's CSV) into RS_VM_OUT.
+# Writes perftest.csv (test,size,metric,value; a row per round) and rdmasock-poll.csv / rdmasock-block.csv
+# (rdmasock-perf's CSV, the rounds appended) into RS_VM_OUT.
 
 # shellcheck source=../lib.sh
 . "$RS_VM_LIB" || exit 1
@@ -42,23 +43,33 @@ pt() {
     echo "perftest $name: $(tail -n 1 "$out")"
 }
 
-pt rc_send_lat 5 18600 ib_send_lat -d "$dev" -R -s 64 -n "$iters"
-pt rc_send_bw 4 18601 ib_send_bw -d "$dev" -R -s 65536 -n "$iters"
-pt rc_write_bw 4 18602 ib_write_bw -d "$dev" -R -s 65536 -n "$iters"
-pt rc_read_bw 4 18603 ib_read_bw -d "$dev" -R -s 65536 -n "$iters"
-pt ud_send_lat 5 18604 ib_send_lat -d "$dev" -R -c UD -s 64 -n "$iters"
-pt ud_send_bw 4 18605 ib_send_bw -d "$dev" -R -c UD -s 1024 -n "$((iters * 4))"
-if [[ -n $gid_index ]]; then
-    pt uc_write_bw 4 18606 ib_write_bw -d "$dev" -c UC -x "$gid_index" -s 65536 -n "$iters"
-    pt uc_write1k_bw 4 18607 ib_write_bw -d "$dev" -c UC -x "$gid_index" -s 1024 -n "$((iters * 4))"
-fi
-
-# rdmasock-perf through the verbs provider, server forked on the same address.
-# Busy polling, as perftest does; then blocking on the CQ fd, the way an application would wait.
-for wait in poll block; do
+# Rounds alternate the two stacks (perftest, then rdmasock-perf busy polling), so a slow phase of the machine
+# (TCG, 2 vCPUs shared with rxe's kernel work) hits both; the summary takes each one's median over the rounds.
+rounds=${RS_BENCH_ROUNDS:-3}
+seconds=${RS_BENCH_SECONDS:-1}
+rdmasock() {    # WAIT(poll|block) ROUND
+    local wait=$1 round=$2
     timeout 600 "$perf" --loopback --bind "$addr" --kind verbs --tests rc:send,rc:write,rc:read,ud:send,ud:wrecord \
-        --modes lat,bw --sizes 64,1K,64K --seconds "${RS_BENCH_SECONDS:-0.5}" $([[ $wait == poll ]] && echo --poll) \
-        --csv "$RS_VM_OUT/rdmasock-$wait.csv" > "$RS_VM_OUT/rdmasock-$wait.txt" 2>&1
-    echo "rdmasock-perf ($wait): exit $?"
+        --modes lat,bw --sizes 64,1K,64K --seconds "$seconds" $([[ $wait == poll ]] && echo --poll) \
+        --csv "$RS_VM_OUT/rdmasock-$wait.$round.csv" > "$RS_VM_OUT/rdmasock-$wait.$round.txt" 2>&1
+    echo "rdmasock-perf ($wait, round $round): exit $?"
+    cat "$RS_VM_OUT/rdmasock-$wait.$round.csv" >> "$RS_VM_OUT/rdmasock-$wait.csv"
+}
+for ((round = 1; round <= rounds; round++)); do
+    port=$((18600 + 10 * round))
+    pt rc_send_lat 5 $((port + 0)) ib_send_lat -d "$dev" -R -s 64 -n "$((iters * 5))"
+    pt rc_send_bw 4 $((port + 1)) ib_send_bw -d "$dev" -R -s 65536 -n "$iters"
+    pt rc_write_bw 4 $((port + 2)) ib_write_bw -d "$dev" -R -s 65536 -n "$iters"
+    pt rc_read_bw 4 $((port + 3)) ib_read_bw -d "$dev" -R -s 65536 -n "$iters"
+    pt ud_send_lat 5 $((port + 4)) ib_send_lat -d "$dev" -R -c UD -s 64 -n "$((iters * 5))"
+    pt ud_send_bw 4 $((port + 5)) ib_send_bw -d "$dev" -R -c UD -s 1024 -n "$((iters * 4))"
+    if [[ -n $gid_index ]]; then
+        pt uc_write_bw 4 $((port + 6)) ib_write_bw -d "$dev" -c UC -x "$gid_index" -s 65536 -n "$iters"
+        pt uc_write1k_bw 4 $((port + 7)) ib_write_bw -d "$dev" -c UC -x "$gid_index" -s 1024 -n "$((iters * 4))"
+    fi
+    # rdmasock-perf through the verbs provider, server forked on the same address, busy polling as perftest does.
+    rdmasock poll "$round"
 done
+# Blocking on the CQ fd, the way an application would wait: once, for the summary's second table.
+rdmasock block 1
 exit 0
