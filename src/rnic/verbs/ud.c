@@ -37,6 +37,11 @@
 #define MIN_RECV_SLOTS 256u
 #define RECV_RING_BYTES (16u << 20)
 #define MSG_BUCKETS 1024u
+/* One datagram in this many asks the device for a completion (besides those a job needs, see post_datagram):
+ * each completion costs the device a CQ entry and us a poll, per datagram that was a third of a 1 KiB stream. */
+#define SIGNAL_EVERY 16u
+/* Datagrams up to this size (our header included) are posted inline where the device allows. */
+#define INLINE_DATAGRAM 256u
 
 /* ---- wire header ------------------------------------------------------------------------------------------ */
 
@@ -173,10 +178,11 @@ int rs_v_ud_create(struct rs_v_qp *qp)
     ud->nssge = qp->max_send_sge + 1;
     ud->ssge = calloc((size_t)ud->scount * ud->nssge, sizeof(*ud->ssge));
     ud->sfree = calloc(ud->scount, sizeof(*ud->sfree));
+    ud->sposted = calloc(ud->scount, sizeof(*ud->sposted));
     ud->rbuf = alloc_aligned((size_t)ud->rcount * ud->rsize);
     ud->sbuf = alloc_aligned((size_t)ud->scount * ud->ssize);
     r = -ENOMEM;
-    if (!ud->buckets || !ud->sjob || !ud->sfree || !ud->rbuf || !ud->sbuf || !ud->ssge)
+    if (!ud->buckets || !ud->sjob || !ud->sfree || !ud->sposted || !ud->rbuf || !ud->sbuf || !ud->ssge)
         goto fail;
     ud->rmr = ibv_reg_mr(qp->pd->pd, ud->rbuf, (size_t)ud->rcount * ud->rsize, IBV_ACCESS_LOCAL_WRITE);
     ud->smr = ibv_reg_mr(qp->pd->pd, ud->sbuf, (size_t)ud->scount * ud->ssize, 0);
@@ -196,11 +202,20 @@ int rs_v_ud_create(struct rs_v_qp *qp)
             .max_recv_sge = 1,
         },
         .qp_type = IBV_QPT_UD,
-        .sq_sig_all = 1,
+        .sq_sig_all = 0,
     };
+    /* Small datagrams go inline (the provider copies them at post time; rxe then looks up no memory region for
+     * them in the kernel), as perftest sends its small messages. */
+    init.cap.max_inline_data = dev->base.caps.max_inline < INLINE_DATAGRAM ? dev->base.caps.max_inline
+                                                                           : INLINE_DATAGRAM;
     qp->qp = ibv_create_qp(qp->pd->pd, &init);
+    if (!qp->qp && init.cap.max_inline_data) {
+        init.cap.max_inline_data = 0;
+        qp->qp = ibv_create_qp(qp->pd->pd, &init);
+    }
     if (!qp->qp)
         goto fail_errno;
+    ud->dev_inline = init.cap.max_inline_data;
     for (uint32_t i = 0; i < ud->scount; i++)
         ud->sfree[i] = ud->scount - 1 - i;
     ud->nsfree = ud->scount;
@@ -234,6 +249,7 @@ fail:
     free(ud->buckets);
     free(ud->sjob);
     free(ud->sfree);
+    free(ud->sposted);
     free(ud->ssge);
     free(ud);
     return r;
@@ -328,6 +344,7 @@ static void flush_batch(struct rs_v_ud *ud)
     if (r) {
         for (struct ibv_send_wr *w = bad ? bad : ud->batch; w; w = w->next) {
             uint32_t index = (uint32_t)w->wr_id;
+            ud->nsposted--;         /* the refused ones were the last posted */
             struct rs_v_job *job = ud->sjob[index];
             ud->sjob[index] = NULL;
             ud->sfree[ud->nsfree++] = index;
@@ -407,7 +424,17 @@ static void post_datagram(struct rs_v_ud *ud, struct rs_v_job *job)
     wr->sg_list = sge;
     wr->num_sge = n;
     wr->opcode = IBV_WR_SEND;
-    wr->send_flags = IBV_SEND_SIGNALED;
+    /* Signaled: every SIGNAL_EVERY-th, the last of a job someone waits for (the application's, a READ answer that
+     * holds an address handle), and while slots run short, so every slot is retired before it is needed. */
+    bool signal = ++ud->unsignaled >= SIGNAL_EVERY || ud->nsfree < SIGNAL_EVERY ||
+                  (last && (job->signaled || ud->qp->sq_sig_all || job->kind == RS_V_JOB_READ ||
+                            job->kind == RS_V_JOB_READ_RESP));
+    if (signal) {
+        wr->send_flags = IBV_SEND_SIGNALED;
+        ud->unsignaled = 0;
+    }
+    if (sge[0].length + (n > 1 ? plen : 0) <= ud->dev_inline)
+        wr->send_flags |= IBV_SEND_INLINE;
     if (job->kind == RS_V_JOB_READ_RESP) {
         wr->wr.ud.ah = job->ah;
         wr->wr.ud.remote_qpn = job->remote_qpn;
@@ -418,6 +445,7 @@ static void post_datagram(struct rs_v_ud *ud, struct rs_v_job *job)
         wr->wr.ud.remote_qkey = job->peer->remote_qkey;
     }
     ud->sjob[index] = job;
+    ud->sposted[(ud->sposted_head + ud->nsposted++) % ud->scount] = index;
     job->posted++;
     if (ud->nbatch == sizeof(ud->batch) / sizeof(ud->batch[0]))
         flush_batch(ud);
@@ -478,6 +506,23 @@ static void datagram_sent(struct rs_v_ud *ud, uint32_t index, enum ibv_wc_status
     /* A READ is done when its answer came (record.c), unless the request itself failed. */
     if (job->kind != RS_V_JOB_READ || job->status != RS_WC_SUCCESS)
         job->done = true;
+}
+
+/* The device completed slot `index`: it and every slot posted before it left (tx_lock held). */
+static void datagrams_sent_through(struct rs_v_ud *ud, uint32_t index, enum ibv_wc_status status)
+{
+    if (index >= ud->scount || !ud->sjob[index])
+        return;
+    while (ud->nsposted) {
+        uint32_t oldest = ud->sposted[ud->sposted_head];
+        ud->sposted_head = (ud->sposted_head + 1) % ud->scount;
+        ud->nsposted--;
+        if (oldest == index) {
+            datagram_sent(ud, oldest, status);
+            return;
+        }
+        datagram_sent(ud, oldest, IBV_WC_SUCCESS);  /* a failed one would have completed on its own */
+    }
 }
 
 static int validate_sges(struct rs_v_ud *ud, const struct rs_rnic_send_wr *wr, struct rs_v_job *job, bool sink)
@@ -611,6 +656,9 @@ int rs_v_ud_post_send(struct rs_v_qp *qp, struct rs_rnic_send_wr *wr, struct rs_
     rs_v_ud_tx_pump(ud);
     rs_v_ud_release(ud);
     pthread_mutex_unlock(&ud->tx_lock);
+    /* A caller that posts carries the QP like one that polls (ud_progress.c): the datagrams that went out free
+     * their slots for the next posts here, without waking the progress thread for them. */
+    rs_v_ud_try_progress(qp);
     if (read)
         rs_v_progress_kick(qp->dev);    /* a new READ deadline */
     if (r)
@@ -891,7 +939,7 @@ void rs_v_ud_run_cq(struct rs_v_qp *qp)
             for (int i = 0; i < n; i++) {
                 if (wc[i].wr_id & RECV_TAG)
                     continue;
-                datagram_sent(ud, (uint32_t)wc[i].wr_id, wc[i].status);
+                datagrams_sent_through(ud, (uint32_t)wc[i].wr_id, wc[i].status);
                 if (wc[i].status != IBV_WC_SUCCESS && wc[i].status != IBV_WC_WR_FLUSH_ERR)
                     failed = true;
             }
@@ -1172,6 +1220,7 @@ void rs_v_ud_destroy(struct rs_v_qp *qp)
     free(ud->buckets);
     free(ud->sjob);
     free(ud->sfree);
+    free(ud->sposted);
     free(ud->ssge);
     free(ud);
     qp->ud = NULL;

@@ -148,6 +148,11 @@ struct rs_v_ud {
     uint32_t scount, ssize;
     struct rs_v_job **sjob;
     uint32_t *sfree, nsfree;
+    /* slots handed to the device, oldest first: only some datagrams are signaled, and a UD send queue completes
+     * in order, so a completion retires every slot posted before it too */
+    uint32_t *sposted, sposted_head, nsposted;
+    uint32_t unsignaled;            /* datagrams posted since the last signaled one */
+    uint32_t dev_inline;            /* largest datagram the device QP takes inline (0: none) */
     struct ibv_sge *ssge;           /* per slot: the datagram's gather list (header + payload pieces) */
     uint32_t nssge;                 /* entries per slot */
     struct ibv_send_wr batch[32];   /* datagrams prepared, posted with one doorbell */
