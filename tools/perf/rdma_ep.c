@@ -307,8 +307,9 @@ int perf_ep_post(struct perf_ep *ep, enum rs_rnic_wr_opcode op, size_t size, boo
     wr.rdma.remote_addr = ep->remote_addr;
     wr.rdma.rkey = ep->remote_rkey;
     wr.ud_peer = ep->peer;
-    /* A READ completes only once its data is placed: every one is signaled, so each can be counted. */
-    decide_signal(ep, &wr, 1, signal || op == RS_WR_RDMA_READ);
+    /* A UD READ can be lost, so every one is signaled and counted; RC completes READs in order, so one signaled
+     * READ retires the unsignaled ones before it (its wr_id says how many), as perftest's cq_mod does. */
+    decide_signal(ep, &wr, 1, signal || (op == RS_WR_RDMA_READ && ep->group != PERF_GROUP_RC));
     return post_chain(ep, &wr, 1);
 }
 

@@ -15,7 +15,7 @@
  *                      reposted; UD needs none (a datagram without a receive is dropped and counted lost).
  *        write         `count` WRITEs, then a SEND notice: the server's clock stops when the notice arrives.
  *        read          the client keeps `window` READs in flight (at most the ORD; on UD at most 4 MiB of
- *                      responses) and times them itself.
+ *                      responses) and times them itself; on RC one in window/4 is signaled, as perftest does.
  *
  * UD ping-pong may lose a datagram: after PERF_LOSS_TIMEOUT_MS the iteration is repeated and counted in `lost`.
  */
@@ -143,13 +143,16 @@ static int client_read_bw(struct run *run, struct perf_result *res)
      * (and each loss costs a timeout). Keep the bytes in flight within what a receiver buffers. */
     if (ep->group == PERF_GROUP_UD && (uint64_t)window * run->size > PERF_UD_READ_INFLIGHT)
         window = run->size >= PERF_UD_READ_INFLIGHT ? 1 : (uint32_t)(PERF_UD_READ_INFLIGHT / run->size);
+    /* RC: a signaled READ stands for the unsignaled ones before it; UD: each is signaled (perf_ep_post). */
+    bool batched = ep->group == PERF_GROUP_RC;
+    ep->sig_every = batched ? bw_sig_every(ep, window) : 1;
     struct rs_rnic_wc wc[PERF_WC_BATCH];
     /* Every READ is inside the span: it starts at the first post. */
     uint64_t posted = 0, ok = 0, lost = 0, t_begin = perf_now_ns(), t_last = t_begin;
     int rc = 0;
     while (rc == 0 && ok + lost < run->count) {
         while (rc == 0 && posted < run->count && posted - ok - lost < window) {
-            rc = perf_ep_post(ep, RS_WR_RDMA_READ, run->size, true);
+            rc = perf_ep_post(ep, RS_WR_RDMA_READ, run->size, posted + 1 == run->count);
             posted++;
         }
         if (rc)
@@ -164,7 +167,7 @@ static int client_read_bw(struct run *run, struct perf_result *res)
             if (wc[i].opcode != RS_WC_RDMA_READ)
                 continue;
             if (wc[i].status == RS_WC_SUCCESS) {
-                ok++;
+                ok += batched ? wc[i].wr_id : 1;
                 t_last = now;
             } else {
                 lost++;
