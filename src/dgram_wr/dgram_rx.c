@@ -575,6 +575,13 @@ void rs_dg_progress(struct rs_dgram_sock *s)
         return;
     uint32_t before = s->rxq_count;
     bool changed = false;
+    /* The kernel socket before the CQ: on one host a datagram sent through the kernel is in our socket when
+     * sendmsg returns, so one the sender posted over RDMA after it cannot be queued ahead of it (the switch from
+     * the kernel to RDMA once a peer is found, or a fallback send). Reading the CQ first did that whenever the
+     * RDMA datagram was quick: socat over verbs saw its file's datagrams out of order. */
+    bool kernel_first = !s->rdma_ready || !s->adopted;
+    if (kernel_first)
+        changed |= drain_kernel(s);
     if (s->rdma_ready) {
         rs_dg_cm_events(s);
         changed = rs_dg_tx_reap(s) && s->interest_out;
@@ -609,8 +616,8 @@ void rs_dg_progress(struct rs_dgram_sock *s)
             s->rcq_armed = true;
         }
     }
-    if (!s->rdma_ready || !s->adopted)
-        changed |= drain_kernel(s);
+    if (!kernel_first && !s->rdma_ready)
+        changed |= drain_kernel(s);        /* RDMA just ended: the socket is ours to read again */
     if (changed || s->rxq_count != before)
         rs_dg_changed(s);
 }
