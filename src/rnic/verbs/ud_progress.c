@@ -7,8 +7,8 @@
  *
  * Waking the progress thread costs an interrupt, a context switch and a re-arm system call per event, and on a
  * machine where the polling application already fills the CPUs the woken thread also has to wait for a slot:
- * measured on rxe, a busy-polled UD ping-pong took 64-152 us with the thread woken for every datagram and 24-42 us
- * without. So while the application polls and nobody waits for a CQ event, the internal CQ is left unarmed and the
+ * measured on rxe, a busy-polled 64 B UD ping-pong took 47-197 us with the thread woken for every datagram and
+ * 26-39 us without (4 alternating runs in one boot, docs/verbs.md). So while the application polls and nobody waits for a CQ event, the internal CQ is left unarmed and the
  * application's polls carry the QP; the progress thread only looks now and then (2 to 16 ms) whether they still
  * come, and arms the CQ again (and runs it) once they stopped. One-sided work at this end (Write-Record placement,
  * READ answers) therefore waits at most about two looks (32 ms) for a thread when an application stops polling
