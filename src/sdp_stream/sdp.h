@@ -210,6 +210,7 @@ struct rs_sdp_stats {
                                                      * application's threads (sdp_conn.c "CQ duty") */
     uint64_t progress_cq_wakeups;                   /* CQ notifications the progress thread handled */
     uint64_t cq_handovers;                          /* times it left the CQ to the application's threads */
+    uint64_t lazy_looks;                            /* its looks at a CQ it had left to them */
     uint64_t app_sleeps;                            /* times an application thread slept in a call */
     uint64_t app_sleeps_solicited;                  /* ... of which woken by the peer's messages only */
 };

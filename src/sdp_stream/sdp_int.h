@@ -33,7 +33,9 @@
 #define SDP_MIN_RX_BUFS 8u
 #define SDP_MAX_RX_BUFS 4096u
 #define SDP_HDR_SLOT 64u                        /* bytes of header space per send queue slot */
-#define SDP_LAZY_TICK_MS 1u                     /* CQ left to the application: the progress thread looks this often */
+#define SDP_INLINE_MAX 256u                     /* messages up to this size (BSDH included) go inline, if the RNIC can */
+#define SDP_LAZY_TICK_MS 1u                     /* CQ left to the application: the progress thread's first look */
+#define SDP_LAZY_TICK_MAX_MS 16u                /* ... doubling up to this while the application stays at the CQ */
 #define SDP_NAGLE_MS 5u                         /* longest a partial message waits for an acknowledgement */
 #define SDP_CORK_MS 200u                        /* longest TCP_CORK / MSG_MORE hold a partial message */
 #define SDP_ORPHAN_TIMEOUT_MS 60000u            /* a closed socket's connection is given this long to finish */
@@ -203,6 +205,8 @@ struct rs_sdp_sock {
     int cq_waiters;                 /* application threads asleep on the CQ fd */
     bool app_waited;                /* one slept on the CQ fd since the progress thread looked */
     bool cq_lazy;                   /* the progress thread has left the CQ to application threads */
+    uint8_t lazy_tick_ms;           /* lazy: time to the thread's next look (loop thread only, like cq_lazy) */
+    bool duty_wanted;               /* an application thread waits for readiness: the thread must take the CQ back */
 
     /* receive ring */
     uint32_t rbuf_size;             /* each buffer, BSDH included */
@@ -236,6 +240,7 @@ struct rs_sdp_sock {
     struct rs_rnic_mr *hdr_mr;
     struct sdp_slot *slots;
     uint32_t sq_depth, sq_head, sq_tail, sq_used;
+    uint32_t inline_max;            /* the QP's inline size: smaller messages are posted inline */
     bool more_hold;                 /* the last send had MSG_MORE */
     bool tx_stalled;                /* the last push stopped for lack of credits */
     uint32_t nagle_mseq;            /* our last partial Data message, unacknowledged while peer_ack < it */

@@ -77,7 +77,7 @@ static void set_timer(struct pw *pw, uint64_t deadline)
     /* While the socket's CQ is left to the application (sdp_conn.c "CQ duty") this thread looks at it every tick,
      * whatever else is due: every path that sets the timer keeps that promise, or a CM event or a retime from an
      * application thread would end the looks and leave completions to nobody. */
-    uint64_t tick = now + SDP_LAZY_TICK_MS;
+    uint64_t tick = now + (pw->s->lazy_tick_ms ? pw->s->lazy_tick_ms : SDP_LAZY_TICK_MS);
     if (pw->s->cq_lazy && (deadline == 0 || tick < deadline))
         deadline = tick;
     atomic_store(&pw->armed, deadline);

@@ -518,6 +518,10 @@ void rs_sdp_interest(struct rs_sdp_sock *s, unsigned events, int delta)
         int v = (int)s->interest_count[bit] + delta;
         s->interest_count[bit] = (uint16_t)(v < 0 ? 0 : v > 65535 ? 65535 : v);
     }
+    /* A thread about to wait for readiness is woken only by the progress thread's signal: it must look at the CQ
+     * again (sdp_conn.c "CQ duty"); the retime in rs_sdp_progress brings its look forward to now. */
+    if (delta > 0 && s->cq_lazy)
+        s->duty_wanted = true;
     rs_sdp_progress(s);     /* (a listener's intake follows its POLLIN interest) */
     rs_sdp_signal(s);
     pthread_mutex_unlock(&s->lock);

@@ -102,6 +102,8 @@ int rs_sdp_post_msg(struct rs_sdp_sock *s, uint8_t mid, const struct rs_sdp_avai
         .wr_id = SDP_WR_SEND | slot, .opcode = RS_WR_SEND, .flags = RS_SEND_SIGNALED | RS_SEND_SOLICITED, .sg_list = sge,
         .num_sge = nsge,
     };
+    if (hdr_len + ring_len <= s->inline_max)
+        wr.flags |= RS_SEND_INLINE;
     struct rs_rnic_send_wr *bad = NULL;
     int r = rs_rnic_post_send(s->qp, &wr, &bad);
     if (r != 0) {

@@ -1164,6 +1164,16 @@ static void *busy_echo(void *p)
     return NULL;
 }
 
+/* One busy-polled round trip through busy_echo, its bytes checked. */
+static void busy_round_trip(struct rs_sdp_sock *c, uint32_t seed)
+{
+    uint8_t out[DUTY_SIZE], in[DUTY_SIZE];
+    fill_pattern(out, sizeof(out), seed, 0);
+    busy_send(c, out, sizeof(out));
+    busy_recv(c, in, sizeof(in));
+    assert_int_equal(check_pattern(in, sizeof(in), seed, 0), -1);
+}
+
 /*
  * Both ends poll with MSG_DONTWAIT (rstream's default): the progress threads must leave the CQs to them rather than
  * wake for every completion, every byte must still arrive in order, and once the application stops polling the
@@ -1177,22 +1187,24 @@ static void test_busy_poller_takes_cq_duty(void **state)
     sdp_pair(&c, &s);
     pthread_t t;
     assert_int_equal(pthread_create(&t, NULL, busy_echo, s), 0);
-    uint8_t out[DUTY_SIZE], in[DUTY_SIZE];
-    for (int i = 0; i < DUTY_ROUNDS; i++) {
-        fill_pattern(out, sizeof(out), (uint32_t)i + 7, 0);
-        busy_send(c, out, sizeof(out));
-        busy_recv(c, in, sizeof(in));
-        assert_int_equal(check_pattern(in, sizeof(in), (uint32_t)i + 7, 0), -1);
-    }
+    uint64_t started = now_ms();
+    for (int i = 0; i < DUTY_ROUNDS; i++)
+        busy_round_trip(c, (uint32_t)i + 7);
     assert_int_equal(pthread_join(t, NULL), 0);
+    uint64_t took_ms = now_ms() - started;
     struct rs_sdp_stats sc = sdp_stats(c), ss = sdp_stats(s);
-    print_message("# %d round trips: progress-thread CQ wake-ups %llu / %llu, hand-overs %llu / %llu\n",
-                  DUTY_ROUNDS, (unsigned long long)sc.progress_cq_wakeups,
+    print_message("# %d round trips in %llu ms: progress-thread CQ wake-ups %llu / %llu, hand-overs %llu / %llu, "
+                  "looks while left to the application %llu / %llu\n",
+                  DUTY_ROUNDS, (unsigned long long)took_ms, (unsigned long long)sc.progress_cq_wakeups,
                   (unsigned long long)ss.progress_cq_wakeups, (unsigned long long)sc.cq_handovers,
-                  (unsigned long long)ss.cq_handovers);
+                  (unsigned long long)ss.cq_handovers, (unsigned long long)sc.lazy_looks,
+                  (unsigned long long)ss.lazy_looks);
     assert_true(sc.cq_handovers >= 1 && ss.cq_handovers >= 1);
     /* Every round trip makes two completions per end; woken for each, the threads would count 2 x DUTY_ROUNDS. */
     assert_true(sc.progress_cq_wakeups + ss.progress_cq_wakeups < DUTY_ROUNDS / 2);
+    /* The looks back off while the poller stays (1, 2, 4, ... 16 ms apart): a look every millisecond would make
+     * about took_ms of them per end. */
+    assert_true(sc.lazy_looks + ss.lazy_looks <= took_ms / 2 + 10 * (sc.cq_handovers + ss.cq_handovers));
 
     /* Idle: within a few ticks the progress threads have the CQs back. */
     uint64_t deadline = now_ms() + WAIT_MS;
@@ -1211,6 +1223,46 @@ static void test_busy_poller_takes_cq_duty(void **state)
     char buf[8] = { 0 };
     assert_int_equal(rs_sdp_recv(s, buf, sizeof(buf), MSG_DONTWAIT), 4);
     assert_memory_equal(buf, "back", 4);
+    assert_int_equal(rs_sdp_close(c), 0);
+    assert_int_equal(rs_sdp_close(s), 0);
+}
+
+/*
+ * A socket whose readiness an application thread waits for (poll, select, epoll register interest) keeps the
+ * progress thread at its CQ: that thread's signal is what wakes the waiter. Interest registered while the CQ is
+ * left to a busy poller takes it back, and a busy poller that also has interest registered never gets it.
+ */
+static void test_readiness_waiter_keeps_cq_duty(void **state)
+{
+    (void)state;
+    struct rs_sdp_sock *c, *s;
+    sdp_pair(&c, &s);
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, busy_echo, s), 0);
+    int i = 0, registered_at = -1;
+    for (; i < DUTY_ROUNDS && registered_at < 0; i++) {
+        busy_round_trip(c, (uint32_t)i + 3);
+        if (sdp_stats(c).cq_left_to_app && i < DUTY_ROUNDS / 2) {
+            /* Left to us: register interest as an epoll registration would, and keep it. */
+            rs_sdp_interest(c, POLLIN, 1);
+            registered_at = i;
+            uint64_t asked = now_ms(), deadline = asked + WAIT_MS;
+            while (sdp_stats(c).cq_left_to_app && now_ms() < deadline)
+                usleep(100);
+            print_message("# round %d: interest registered, the progress thread took the CQ back after %llu ms\n",
+                          i, (unsigned long long)(now_ms() - asked));
+            assert_int_equal(sdp_stats(c).cq_left_to_app, 0);
+        }
+    }
+    assert_true(registered_at >= 0);
+    uint64_t handovers = sdp_stats(c).cq_handovers;
+    /* Still registered: busy polling on does not hand the CQ over again. */
+    for (; i < DUTY_ROUNDS; i++)
+        busy_round_trip(c, (uint32_t)i + 3);
+    assert_int_equal(pthread_join(t, NULL), 0);
+    assert_int_equal(sdp_stats(c).cq_handovers, handovers);
+    assert_int_equal(sdp_stats(c).cq_left_to_app, 0);
+    rs_sdp_interest(c, POLLIN, -1);
     assert_int_equal(rs_sdp_close(c), 0);
     assert_int_equal(rs_sdp_close(s), 0);
 }
@@ -1247,6 +1299,7 @@ int main(void)
         cmocka_unit_test(test_exit_after_shutdown_delivers),
         cmocka_unit_test(test_exit_without_close_delivers),
         cmocka_unit_test(test_busy_poller_takes_cq_duty),
+        cmocka_unit_test(test_readiness_waiter_keeps_cq_duty),
     };
     /* SDP_TEST_FILTER / SDP_TEST_SKIP: glob patterns on test names, to run a subset by hand */
     if (getenv("SDP_TEST_FILTER"))
