@@ -197,6 +197,7 @@ struct rs_sdp_sock {
     int notify_fd;
     bool notify_on;
     uint16_t interest_count[16];    /* per poll bit */
+    unsigned interest_mask;         /* the bits whose count is not 0 */
     struct sdp_waiter *waiters;
     /* CQ duty (sdp_conn.c): who looks at the CQ. Under the lock; cq_lazy is written on the loop thread only. */
     unsigned app_poll_misses;       /* nonblocking calls that found nothing in the current window of looks */
@@ -402,6 +403,12 @@ uint64_t rs_sdp_on_timer(struct rs_sdp_sock *s);
 void rs_sdp_note_poll_miss(struct rs_sdp_sock *s);
 /* Processes CM events and completions, then pushes what became possible; lock held. */
 void rs_sdp_progress(struct rs_sdp_sock *s);
+/* The same at the top of a send or receive call's loop: the timers are evaluated only if the step found
+ * something, since the calls end with rs_sdp_call_done (a busy poller's misses run only the step). */
+void rs_sdp_progress_poll(struct rs_sdp_sock *s);
+/* The end of a send or receive call that did something: credit update, timers, readiness, without another look
+ * at the CQ (the next call, or the progress thread, takes what arrived meanwhile); lock held. */
+void rs_sdp_call_done(struct rs_sdp_sock *s);
 /* Moves the connection to CLOSED with err (positive errno, 0 for none) and resets the QP; lock held. */
 void rs_sdp_fail(struct rs_sdp_sock *s, int err, bool send_abort);
 /* Lock held: evaluates timers, returns the next deadline (0 none). */

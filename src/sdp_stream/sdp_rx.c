@@ -340,7 +340,7 @@ ssize_t rs_sdp_recvmsg(struct rs_sdp_sock *s, const struct iovec *iov, int iovcn
     uint64_t copy_wait_us = 0;
     size_t copy_wait_len = 0, copied_before_wait = 0;
     for (;;) {
-        rs_sdp_progress(s);
+        rs_sdp_progress_poll(s);
         if (s->app_closed) {
             result = -EBADF;
             break;
@@ -497,11 +497,7 @@ ssize_t rs_sdp_recvmsg(struct rs_sdp_sock *s, const struct iovec *iov, int iovcn
         }
     } else {
         s->dirty = true;
-        rs_sdp_progress(s);
-        if (s->dirty) {
-            s->dirty = false;
-            rs_sdp_signal(s);
-        }
+        rs_sdp_call_done(s);
     }
     pthread_mutex_unlock(&s->lock);
     rs_sdp_put(s);

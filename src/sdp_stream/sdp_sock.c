@@ -234,12 +234,7 @@ unsigned rs_sdp_mask_locked(struct rs_sdp_sock *s)
 void rs_sdp_signal(struct rs_sdp_sock *s)
 {
     unsigned mask = rs_sdp_mask_locked(s);
-    unsigned interest = POLLERR | POLLHUP;
-    for (unsigned bit = 0; bit < 16; bit++) {
-        if (s->interest_count[bit])
-            interest |= 1u << bit;
-    }
-    unsigned eff = mask & interest;
+    unsigned eff = mask & (POLLERR | POLLHUP | s->interest_mask);
     if (eff) {
         /* Write on every call that finds something of interest ready: that is a state change (the callers only
          * signal after one), and edge-triggered epoll needs a new edge for new data even when the fd was already
@@ -517,6 +512,10 @@ void rs_sdp_interest(struct rs_sdp_sock *s, unsigned events, int delta)
             continue;
         int v = (int)s->interest_count[bit] + delta;
         s->interest_count[bit] = (uint16_t)(v < 0 ? 0 : v > 65535 ? 65535 : v);
+        if (s->interest_count[bit])
+            s->interest_mask |= 1u << bit;
+        else
+            s->interest_mask &= ~(1u << bit);
     }
     /* A thread about to wait for readiness is woken only by the progress thread's signal: it must look at the CQ
      * again (sdp_conn.c "CQ duty"); the retime in rs_sdp_progress brings its look forward to now. */

@@ -350,8 +350,16 @@ ssize_t rs_sdp_sendmsg(struct rs_sdp_sock *s, const struct iovec *iov, int iovcn
     /* A blocking write large enough for zero copy that goes by copy is timed: the adaptivity compares. */
     size_t copy_measured = 0;
     uint64_t copy_started_us = 0;
+    /* A send that has the credits, send slots and ring space it needs learns nothing from the CQ first: the
+     * completions wait for the next receive or the next send that runs short (per message, a busy
+     * ping-pong's send skips a poll and the timers). */
+    bool look = !(s->state == SDP_ST_CONNECTED && !s->broken && !s->so_error && !s->tx_busy &&
+                  s->hb.phase == SDP_HB_NONE && rs_sdp_can_send_data(s) &&
+                  total <= s->sbuf_size - (uint32_t)(s->tx_tail - s->tx_done));
     for (;;) {
-        rs_sdp_progress(s);
+        if (look)
+            rs_sdp_progress_poll(s);
+        look = true;
         if (s->app_closed) {
             result = -EBADF;
             break;
@@ -475,11 +483,7 @@ ssize_t rs_sdp_sendmsg(struct rs_sdp_sock *s, const struct iovec *iov, int iovcn
     }
     if (copy_started_us && sent > copy_measured && result > 0)
         rs_sdp_z_record(s, sent - copy_measured, false, sent - copy_measured, rs_sdp_now_us() - copy_started_us);
-    rs_sdp_progress(s);
-    if (s->dirty) {
-        s->dirty = false;
-        rs_sdp_signal(s);
-    }
+    rs_sdp_call_done(s);
     pthread_mutex_unlock(&s->lock);
     rs_sdp_put(s);
     if (epipe && !(flags & MSG_NOSIGNAL))
