@@ -394,8 +394,11 @@ static void *race_send(void *p)
         rs->sent += n;
         if (x & 0x200)
             usleep((unsigned)(x >> 40) % 2000);
+        /* A pause longer than any receive timeout, so sinks must get cancelled: long enough for a receiver that is
+         * behind by a 512 KiB write (25 ms at the 20 MB/s of rxe under TCG) to drain it and time out; 10 ms left
+         * a VM run with a single cancel. */
         if ((x & 0xf000) == 0)
-            usleep(10000);      /* a pause longer than any receive timeout: sinks must get cancelled */
+            usleep(50000);
     }
     rs->error = rs_sdp_shutdown(rs->s, SHUT_WR);
 out:
