@@ -1213,10 +1213,11 @@ uint64_t rs_sdp_on_cq(struct rs_sdp_sock *s)
     s->stats.progress_cq_wakeups++;
     /* Woken for a completion that is gone: an application thread polled it first, which is a poller at the CQ
      * whatever the misses say (a descheduled poller may miss little between looks, and each of these wake-ups
-     * takes a vCPU from it). Unless this thread's own look after arming took it. */
-    if (!found && !s->polled_after_arm && s->app_poll_misses < UINT_MAX / 2)
+     * takes a vCPU from it). Unless this thread's own look after arming took it, or the wake-up was one it fed
+     * itself (taking the CQ back, attaching): those find nothing on an idle connection. */
+    if (!found && !s->empty_wake_expected && s->app_poll_misses < UINT_MAX / 2)
         s->app_poll_misses += 2u * SDP_BUSY_WINDOW;
-    s->polled_after_arm = false;
+    s->empty_wake_expected = false;
     if (s->cq) {
         bool was_lazy = s->cq_lazy;
         s->cq_lazy = app_at_cq(s);
@@ -1231,7 +1232,7 @@ uint64_t rs_sdp_on_cq(struct rs_sdp_sock *s)
          * whose poll may not have seen the fd before we drained it. */
         if (!s->cq_lazy || s->cq_waiters > 0) {
             rs_rnic_cq_arm(s->cq, false);
-            s->polled_after_arm = progress_step(s, false, false);  /* what arrived between the last poll and the arm */
+            s->empty_wake_expected = progress_step(s, false, false);  /* what arrived between the last poll and the arm */
         }
     }
     uint64_t next = rs_sdp_timers(s, rs_sdp_now_ms());

@@ -206,7 +206,9 @@ struct rs_sdp_sock {
     int cq_waiters;                 /* application threads asleep on the CQ fd */
     bool app_waited;                /* one slept on the CQ fd since the progress thread looked */
     bool cq_lazy;                   /* the progress thread has left the CQ to application threads */
-    bool polled_after_arm;          /* the thread's look after arming found completions (their event may follow) */
+    bool empty_wake_expected;       /* the next CQ wake-up may find nothing through no application's doing: the
+                                     * thread's look after arming took completions, or it fed the event itself
+                                     * (loop thread only) */
     uint8_t lazy_tick_ms;           /* lazy: time to the thread's next look (loop thread only, like cq_lazy) */
     bool duty_wanted;               /* an application thread waits for readiness: the thread must take the CQ back */
 

@@ -121,6 +121,7 @@ static void tm_cb(struct ev_loop *loop, ev_timer *w, int revents)
     if (!pw->s->cq_lazy && pw->cq_paused) {
         ev_io_start(P.loop, &pw->cq_w);
         pw->cq_paused = false;
+        pw->s->empty_wake_expected = true;              /* (sdp_conn.c rs_sdp_on_cq) */
         ev_feed_event(P.loop, &pw->cq_w, EV_READ);     /* look now: ack, arm, poll */
     }
 }
@@ -160,8 +161,10 @@ static int do_attach(struct rs_sdp_sock *s)
     /* Events may have arrived before the watch existed: look once now. */
     if (pw->cm_on)
         ev_feed_event(P.loop, &pw->cm_w, EV_READ);
-    if (pw->cq_on)
+    if (pw->cq_on) {
+        s->empty_wake_expected = true;
         ev_feed_event(P.loop, &pw->cq_w, EV_READ);
+    }
     return 0;
 }
 
