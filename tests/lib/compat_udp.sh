@@ -21,6 +21,7 @@
 #                             sockperf throughput): the kernel drops too when a loaded machine starves the reader
 #   sizes: COMPAT_UDP_IPERF_MB (8) COMPAT_UDP_IPERF_RATE (20M) COMPAT_UDP_SOCAT_MB (4) COMPAT_UDP_SIPP_CALLS (100)
 #          COMPAT_UDP_SIPP_RATE (50) COMPAT_UDP_FFMPEG_S (4) COMPAT_UDP_SOCKPERF_S (2) COMPAT_UDP_SOCKPERF_MPS (5000)
+#          COMPAT_UDP_FFMPEG_IDLE_S (8): the receiving ffmpeg's input timeout, which also runs before the first datagram
 
 COMPAT_UDP_MODES=${COMPAT_UDP_MODES:-sendrecv wrecord}
 COMPAT_UDP_LOSS_PCT=${COMPAT_UDP_LOSS_PCT:-1}
@@ -30,6 +31,7 @@ COMPAT_UDP_SOCAT_MB=${COMPAT_UDP_SOCAT_MB:-4}
 COMPAT_UDP_SIPP_CALLS=${COMPAT_UDP_SIPP_CALLS:-100}
 COMPAT_UDP_SIPP_RATE=${COMPAT_UDP_SIPP_RATE:-50}
 COMPAT_UDP_FFMPEG_S=${COMPAT_UDP_FFMPEG_S:-4}
+COMPAT_UDP_FFMPEG_IDLE_S=${COMPAT_UDP_FFMPEG_IDLE_S:-8}
 COMPAT_UDP_SOCKPERF_S=${COMPAT_UDP_SOCKPERF_S:-2}
 COMPAT_UDP_SOCKPERF_MPS=${COMPAT_UDP_SOCKPERF_MPS:-5000}
 
@@ -496,25 +498,27 @@ compat_udp_check_ffmpeg() {
         compat_udp_port port
         compat_udp_port cport
         compat_udp_watch_start
-        # timeout=: the receiver ends 8 s after the stream stops (as "Input/output error"); its UDP reader thread
-        # (the default fifo) is cancelled on the way out, which must work on a converted socket too. The timeout
-        # also runs before the first datagram: on a loaded machine the sending ffmpeg took over 3 s to start.
+        # timeout=: the receiver ends COMPAT_UDP_FFMPEG_IDLE_S after the stream stops (as "Input/output error"); its
+        # UDP reader thread (the default fifo) is cancelled on the way out, which must work on a converted socket
+        # too. The timeout also runs before the first datagram: on a loaded machine the sending ffmpeg took over
+        # 3 s to start, and in a slow VM boot over 8 s (the receiver gave up before the stream began).
         compat_server "$rx" ffmpeg -hide_banner -nostdin -loglevel error -y \
-            -i "udp://$COMPAT_ADDR:$port?localaddr=$COMPAT_ADDR&timeout=8000000" -map 0 -c copy -f mpegts "$out"
+            -i "udp://$COMPAT_ADDR:$port?localaddr=$COMPAT_ADDR&timeout=$((COMPAT_UDP_FFMPEG_IDLE_S * 1000000))" \
+            -map 0 -c copy -f mpegts "$out"
         if ! compat_udp_wait_bound "$rx" "$port" 30; then
             compat_fail "the receiving ffmpeg did not bind UDP port $port" "$(compat_diag "$rx.err")"
         else
             compat_run "$tx" ffmpeg -hide_banner -nostdin -loglevel error -re "${src[@]}" \
                 "udp://$COMPAT_ADDR:$port?localaddr=$COMPAT_ADDR&localport=$cport&pkt_size=1316"
             status=$?
-            compat_wait_server "$rx" 30
+            compat_wait_server "$rx" $((COMPAT_UDP_FFMPEG_IDLE_S + 22))
             local rx_status=$? got_md5=$COMPAT_DATA/ffmpeg-$mode.md5 nref ngot
             compat_udp_framemd5 "$out" "$got_md5"
             nref=$(wc -l < "$ref_md5")
             ngot=$(wc -l < "$got_md5")
             # The receiver's exit: 0, or 1 after its input timed out (ffmpeg reports the timeout as an I/O error).
             [[ $status == 0 && ( $rx_status == 0 || $rx_status == 1 ) && $nref == "$frames" ]] && cmp -s "$ref_md5" "$got_md5"
-            compat_verdict $? "sender exit $status; receiver exit $rx_status (124: still running after 30 s); decoded frames $ngot, reference $nref (want $frames), frame checksums $(cmp -s "$ref_md5" "$got_md5" && echo match || echo differ)" \
+            compat_verdict $? "sender exit $status; receiver exit $rx_status (124: still running after $((COMPAT_UDP_FFMPEG_IDLE_S + 22)) s); decoded frames $ngot, reference $nref (want $frames), frame checksums $(cmp -s "$ref_md5" "$got_md5" && echo match || echo differ)" \
                 "$(compat_diag "$tx.err" "$rx.err")"
         fi
         compat_udp_evidence "$port,$cport" "$(stat -c %s "$ref")"

@@ -17,6 +17,8 @@ export COMPAT_UDP_IPERF_MB=${COMPAT_UDP_IPERF_MB:-2} COMPAT_UDP_IPERF_RATE=${COM
 export COMPAT_UDP_SOCAT_MB=${COMPAT_UDP_SOCAT_MB:-1} COMPAT_UDP_SIPP_CALLS=${COMPAT_UDP_SIPP_CALLS:-30}
 export COMPAT_UDP_SIPP_RATE=${COMPAT_UDP_SIPP_RATE:-10} COMPAT_UDP_FFMPEG_S=${COMPAT_UDP_FFMPEG_S:-2}
 export COMPAT_UDP_SOCKPERF_S=${COMPAT_UDP_SOCKPERF_S:-1} COMPAT_UDP_SOCKPERF_MPS=${COMPAT_UDP_SOCKPERF_MPS:-1000}
+# The receiving ffmpeg's input timeout runs from its start: the sending ffmpeg took over 8 s to start in a slow boot.
+export COMPAT_UDP_FFMPEG_IDLE_S=${COMPAT_UDP_FFMPEG_IDLE_S:-20}
 export COMPAT_CLIENT_TIMEOUT=${COMPAT_CLIENT_TIMEOUT:-90}
 # The guest's UD QPs pin their receive slots: let the programs lock what SO_RCVBUF pays for.
 ulimit -l unlimited 2>/dev/null
