@@ -213,6 +213,7 @@ struct rs_sdp_stats {
     uint64_t lazy_looks;                            /* its looks at a CQ it had left to them */
     uint64_t app_sleeps;                            /* times an application thread slept in a call */
     uint64_t app_sleeps_solicited;                  /* ... of which woken by the peer's messages only */
+    uint64_t quiet_sends;                           /* small Data messages posted without a completion */
 };
 
 int rs_sdp_setsockopt(struct rs_sdp_sock *s, int level, int name, const void *val, socklen_t len);

@@ -58,7 +58,7 @@ static int create_qp_posted(struct rs_sdp_sock *s)
     s->inline_max = cap < SDP_INLINE_MAX ? cap : SDP_INLINE_MAX;
     struct rs_rnic_qp_attr attr = {
         .type = RS_QPT_RC, .send_cq = s->cq, .recv_cq = s->cq, .max_send_wr = s->sq_depth, .max_recv_wr = s->nbufs,
-        .max_send_sge = 3, .max_recv_sge = 1, .max_inline = s->inline_max, .sq_sig_all = true, .context = s,
+        .max_send_sge = 3, .max_recv_sge = 1, .max_inline = s->inline_max, .sq_sig_all = false, .context = s,
     };
     int r = rs_rnic_create_qp(s->dev->pd, &attr, &s->qp);
     if (r != 0)
@@ -1477,10 +1477,11 @@ int rs_sdp_close(struct rs_sdp_sock *s)
     rs_sdp_progress(s);
     s->app_closed = true;
     if (s->stats.msgs_sent || s->stats.msgs_received)
-        RS_DEBUG("sdp: close: %llu/%llu messages out/in, %llu/%llu bytes, credit stalls %llu; progress thread woken "
-                 "by the CQ %llu times, left it to the application %llu times (then looked %llu times); application "
-                 "slept %llu times (%llu on the peer's messages only)",
+        RS_DEBUG("sdp: close: %llu/%llu messages out/in (%llu sent unsignaled), %llu/%llu bytes, credit stalls %llu; "
+                 "progress thread woken by the CQ %llu times, left it to the application %llu times (then looked %llu "
+                 "times); application slept %llu times (%llu on the peer's messages only)",
                  (unsigned long long)s->stats.msgs_sent, (unsigned long long)s->stats.msgs_received,
+                 (unsigned long long)s->stats.quiet_sends,
                  (unsigned long long)s->stats.bytes_sent, (unsigned long long)s->stats.bytes_received,
                  (unsigned long long)s->stats.credit_stalls, (unsigned long long)s->stats.progress_cq_wakeups,
                  (unsigned long long)s->stats.cq_handovers, (unsigned long long)s->stats.lazy_looks,

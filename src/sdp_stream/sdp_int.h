@@ -34,6 +34,7 @@
 #define SDP_MAX_RX_BUFS 4096u
 #define SDP_HDR_SLOT 64u                        /* bytes of header space per send queue slot */
 #define SDP_INLINE_MAX 256u                     /* messages up to this size (BSDH included) go inline, if the RNIC can */
+#define SDP_QUIET_RUN 16u                       /* at most this many inline Data messages between signaled sends */
 #define SDP_LAZY_TICK_MS 1u                     /* CQ left to the application: the progress thread's first look */
 #define SDP_LAZY_TICK_MAX_MS 16u                /* ... doubling up to this while the application stays at the CQ */
 #define SDP_NAGLE_MS 5u                         /* longest a partial message waits for an acknowledgement */
@@ -92,6 +93,7 @@ enum sdp_slot_kind {
 struct sdp_slot {
     uint8_t kind;
     bool done;
+    bool quiet;                     /* posted unsignaled: retired by the next signaled completion */
     uint8_t mid;
     uint32_t ring_bytes;
 };
@@ -245,6 +247,8 @@ struct rs_sdp_sock {
     struct sdp_slot *slots;
     uint32_t sq_depth, sq_head, sq_tail, sq_used;
     uint32_t inline_max;            /* the QP's inline size: smaller messages are posted inline */
+    uint32_t quiet_run;             /* unsignaled sends since the last signaled one */
+    uint32_t quiet_bytes;           /* ring bytes of unsignaled sends not yet retired */
     bool more_hold;                 /* the last send had MSG_MORE */
     bool tx_stalled;                /* the last push stopped for lack of credits */
     uint32_t nagle_mseq;            /* our last partial Data message, unacknowledged while peer_ack < it */
@@ -474,6 +478,7 @@ void rs_sdp_on_send_complete(struct rs_sdp_sock *s, const struct rs_rnic_wc *wc)
 uint32_t rs_sdp_slot_alloc(struct rs_sdp_sock *s, enum sdp_slot_kind kind);
 bool rs_sdp_sq_has_room(const struct rs_sdp_sock *s, uint32_t n);
 uint64_t rs_sdp_tx_hold_deadline(const struct rs_sdp_sock *s);
+uint64_t rs_sdp_tx_unacked(const struct rs_sdp_sock *s);
 bool rs_sdp_tx_flushed(const struct rs_sdp_sock *s);
 
 /* ---- sdp_rx.c ---- */

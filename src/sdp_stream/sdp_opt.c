@@ -274,7 +274,7 @@ static void fill_tcp_info(struct rs_sdp_sock *s, struct tcp_info *ti)
     ti->tcpi_total_retrans = 0;
     ti->tcpi_pmtu = ti->tcpi_snd_mss;
     ti->tcpi_rcv_ssthresh = ti->tcpi_rcv_space;
-    ti->tcpi_bytes_acked = s->stats.bytes_sent - (s->tx_tail - s->tx_done);
+    ti->tcpi_bytes_acked = s->stats.bytes_sent - rs_sdp_tx_unacked(s);
     ti->tcpi_bytes_received = s->stats.bytes_received;
     ti->tcpi_segs_out = (uint32_t)s->stats.msgs_sent;
     ti->tcpi_segs_in = (uint32_t)s->stats.msgs_received;

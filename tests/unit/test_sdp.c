@@ -814,6 +814,89 @@ static void test_credit_exhaustion_slow_reader(void **state)
     rs_sdp_close(a);
 }
 
+/* Small Data messages go unsignaled (docs/sdp.md "Completions"): a ping-pong of them mostly asks for no completion,
+ * yet SIOCOUTQ reads 0 once the peer has everything; a one-way stream of them through the smallest send ring never
+ * waits for a completion that is not coming; the orderly close still finishes. */
+static void small_sndbuf(struct rs_sdp_sock *s)
+{
+    set_int(s, SOL_SOCKET, SO_SNDBUF, 1);
+    set_int(s, IPPROTO_TCP, TCP_NODELAY, 1);
+}
+
+static void *small_pattern_sender(void *p)
+{
+    struct sender_arg *sa = p;
+    uint8_t buf[200];
+    uint64_t pos = 0;
+    for (uint32_t i = 0; pos < sa->len; i++) {
+        size_t n = 1 + (i * 37u) % sizeof(buf);
+        if (n > sa->len - pos)
+            n = (size_t)(sa->len - pos);
+        fill_pattern(buf, n, sa->seed, pos);
+        send_all(sa->s, buf, n);
+        pos += n;
+    }
+    sa->result = (ssize_t)pos;
+    return NULL;
+}
+
+static void test_small_sends_unsignaled(void **state)
+{
+    (void)state;
+    struct rs_sdp_sock *c, *a;
+    sdp_pair_opts(&c, &a, small_sndbuf);
+    uint8_t out[200], in[200];
+    uint64_t pos = 0;
+    for (uint32_t i = 0; i < 500; i++) {
+        size_t n = 1 + (i * 53u) % sizeof(out);
+        fill_pattern(out, n, 21, pos);
+        send_all(c, out, n);
+        recv_all(a, in, n);
+        if (check_pattern(in, n, 21, pos) >= 0)
+            fail_msg("ping %u: bytes differ", i);
+        send_all(a, in, n);
+        recv_all(c, out, n);
+        if (check_pattern(out, n, 21, pos) >= 0)
+            fail_msg("pong %u: bytes differ", i);
+        pos += n;
+    }
+    struct rs_sdp_stats st = sdp_stats(c);
+    print_message("# ping-pong: %llu of %llu messages sent unsignaled; SIOCOUTQ %d\n",
+                  (unsigned long long)st.quiet_sends, (unsigned long long)st.msgs_sent, rs_sdp_outq(c));
+    assert_true(st.quiet_sends >= st.data_msgs_sent / 2);
+    assert_true(st.quiet_sends < st.msgs_sent);
+    assert_int_equal(rs_sdp_outq(c), 0);
+    assert_int_equal(rs_sdp_outq(a), 0);
+
+    /* One way, 2 MiB in messages of 1-200 bytes through the smallest send ring, read as it comes. */
+    struct sender_arg sa = { c, 2u << 20, 22, 0 };
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, small_pattern_sender, &sa), 0);
+    uint8_t *got = malloc(sa.len);
+    size_t off = 0;
+    while (off < sa.len) {
+        ssize_t n = rs_sdp_recv(a, got + off, sa.len - off, 0);
+        assert_true(n > 0);
+        off += (size_t)n;
+    }
+    pthread_join(t, NULL);
+    assert_int_equal(sa.result, (ssize_t)sa.len);
+    long bad = check_pattern(got, sa.len, 22, 0);
+    if (bad >= 0)
+        fail_msg("byte %ld differs", bad);
+    free(got);
+    st = sdp_stats(c);
+    print_message("# one way: 2 MiB intact, %llu of %llu messages unsignaled\n", (unsigned long long)st.quiet_sends,
+                  (unsigned long long)st.msgs_sent);
+    /* The orderly close: the peer reads the end, and the DisConn's completion retires the unsignaled sends. */
+    assert_int_equal(rs_sdp_shutdown(c, SHUT_WR), 0);
+    char b;
+    assert_int_equal(rs_sdp_recv(a, &b, 1, 0), 0);
+    assert_int_equal(rs_sdp_outq(c), 0);
+    rs_sdp_close(c);
+    rs_sdp_close(a);
+}
+
 /* ---- TCP_INFO ---- */
 
 static void test_tcp_info(void **state)
@@ -1291,6 +1374,7 @@ int main(void)
         cmocka_unit_test(test_notify_fd),
         cmocka_unit_test(test_threads_recv_send_close),
         cmocka_unit_test(test_credit_exhaustion_slow_reader),
+        cmocka_unit_test(test_small_sends_unsignaled),
         cmocka_unit_test(test_tcp_info),
         cmocka_unit_test(test_keepalive_stopped_peer),
         cmocka_unit_test(test_peer_killed_mid_transfer),
