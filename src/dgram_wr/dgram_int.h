@@ -49,6 +49,7 @@
 #define RS_DG_REVOKED_KEEP 16u              /* revoked sinks remembered for salvage */
 #define RS_DG_SINK_BACKOFF_NS 2000000ull    /* no new sink for this long after one went unused */
 #define RS_DG_ANNOUNCE_GAP_MS 100u          /* at most one stale-state announcement per peer per this */
+#define RS_DG_CLOSE_DRAIN_NS 500000000ull  /* close waits at most this long for its posted datagrams */
 #define RS_DG_LINUX_MIN_RCVBUF 2304         /* SOCK_MIN_RCVBUF on 64-bit Linux */
 #define RS_DG_LINUX_MIN_SNDBUF 4608
 #define RS_DG_DEFAULT_BUF 212992            /* net.core.rmem_default / wmem_default */
@@ -384,6 +385,8 @@ void rs_dg_regs_free(struct rs_dgram_sock *s);
 void *rs_dg_map_region(size_t len);
 void rs_dg_unmap_region(void *p, size_t len);
 ssize_t rs_dg_recvmsg(struct rs_dgram_sock *s, struct msghdr *msg, int flags);
+/* Takes in what the receive CQ holds (the RDMA datagrams that arrived so far). */
+void rs_dg_rx_poll_cq(struct rs_dgram_sock *s);
 
 /* ---- dgram_tx.c ---- */
 ssize_t rs_dg_sendmsg(struct rs_dgram_sock *s, const struct msghdr *msg, int flags);
@@ -391,6 +394,8 @@ ssize_t rs_dg_sendmsg(struct rs_dgram_sock *s, const struct msghdr *msg, int fla
 bool rs_dg_tx_reap(struct rs_dgram_sock *s);
 /* When the send ring is short of room, arms the send CQ so its fd wakes pollers waiting for POLLOUT. */
 void rs_dg_tx_watch(struct rs_dgram_sock *s);
+/* Waits (lock held, dropped while asleep) until every posted datagram completed, or until deadline_ns. */
+void rs_dg_tx_drain(struct rs_dgram_sock *s, uint64_t deadline_ns);
 bool rs_dg_tx_space(const struct rs_dgram_sock *s, uint32_t len);
 
 #endif /* RS_DGRAM_WR_DGRAM_INT_H */

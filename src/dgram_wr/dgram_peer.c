@@ -480,8 +480,14 @@ static void on_bye(struct rs_dgram_sock *s, const struct rs_dgw_msg *m, const st
     if (p->state == RS_DG_PEER_RDMA || p->state == RS_DG_PEER_PROBING || p->state == RS_DG_PEER_KERNEL)
         p->state = RS_DG_PEER_NEW;      /* probe again at the next send; meanwhile `both` uses the kernel */
     if (p->rx_lane) {
-        rs_dg_lane_retire(s, p->rx_lane);
-        p->rx_lane = NULL;
+        /* The goodbye came through the kernel socket, which is read before the CQ: the peer's last
+         * Write-Records, sent before it, may still wait there. Take them in before the lane stops accepting
+         * (over verbs every record of a burst sent just before close was dropped). */
+        rs_dg_rx_poll_cq(s);
+        if (p->rx_lane) {
+            rs_dg_lane_retire(s, p->rx_lane);
+            p->rx_lane = NULL;
+        }
     }
 }
 

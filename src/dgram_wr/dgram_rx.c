@@ -585,41 +585,48 @@ void rs_dg_progress(struct rs_dgram_sock *s)
     if (s->rdma_ready) {
         rs_dg_cm_events(s);
         changed = rs_dg_tx_reap(s) && s->interest_out;
-        struct rs_rnic_wc wc[CQ_BATCH];
-        if (s->rcq_hot) {
-            rs_rnic_cq_ack_events(s->rcq);
-            s->rcq_hot = false;
-        }
-        for (;;) {
-            int n = rs_rnic_poll_cq(s->rcq, CQ_BATCH, wc);
-            if (n < 0) {
-                /* The CQ overflowed (never on an adopting QP, rnic.h): the QP is in ERROR, RDMA is over. */
-                RS_WARN("dgram: fd %d: receive CQ failed (%d); the socket continues on the kernel", s->fd, n);
-                s->rdma_ready = false;
-                s->rdma_err = n;
-                break;
-            }
-            if (n > 0 && s->rcq_armed) {
-                /* The armed notification fired (or will, at the end of the RNIC's callback): drain it now and
-                 * arm again below. */
-                rs_rnic_cq_ack_events(s->rcq);
-                s->rcq_armed = false;
-            }
-            for (int i = 0; i < n; i++)
-                handle_wc(s, &wc[i]);
-            if (n == CQ_BATCH)
-                continue;
-            if (s->rcq_armed)
-                break;
-            /* Arm, then look once more: a completion that came in between would not write the fd. */
-            (void)rs_rnic_cq_arm(s->rcq, false);
-            s->rcq_armed = true;
-        }
+        rs_dg_rx_poll_cq(s);
     }
     if (!kernel_first && !s->rdma_ready)
         changed |= drain_kernel(s);        /* RDMA just ended: the socket is ours to read again */
     if (changed || s->rxq_count != before)
         rs_dg_changed(s);
+}
+
+void rs_dg_rx_poll_cq(struct rs_dgram_sock *s)
+{
+    if (!s->rdma_ready)
+        return;
+    struct rs_rnic_wc wc[CQ_BATCH];
+    if (s->rcq_hot) {
+        rs_rnic_cq_ack_events(s->rcq);
+        s->rcq_hot = false;
+    }
+    for (;;) {
+        int n = rs_rnic_poll_cq(s->rcq, CQ_BATCH, wc);
+        if (n < 0) {
+            /* The CQ overflowed (never on an adopting QP, rnic.h): the QP is in ERROR, RDMA is over. */
+            RS_WARN("dgram: fd %d: receive CQ failed (%d); the socket continues on the kernel", s->fd, n);
+            s->rdma_ready = false;
+            s->rdma_err = n;
+            break;
+        }
+        if (n > 0 && s->rcq_armed) {
+            /* The armed notification fired (or will, at the end of the RNIC's callback): drain it now and arm
+             * again below. */
+            rs_rnic_cq_ack_events(s->rcq);
+            s->rcq_armed = false;
+        }
+        for (int i = 0; i < n; i++)
+            handle_wc(s, &wc[i]);
+        if (n == CQ_BATCH)
+            continue;
+        if (s->rcq_armed)
+            break;
+        /* Arm, then look once more: a completion that came in between would not write the fd. */
+        (void)rs_rnic_cq_arm(s->rcq, false);
+        s->rcq_armed = true;
+    }
 }
 
 void rs_dg_progress_woken(struct rs_dgram_sock *s)

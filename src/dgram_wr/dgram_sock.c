@@ -506,6 +506,17 @@ static int close_sock(struct rs_dgram_sock *s, bool bye)
         pthread_mutex_unlock(&s->lock);
         return -EBADF;
     }
+    /* What the RNIC took still goes out, as a kernel UDP socket's queue does after close: the QP may not be
+     * destroyed (flushing it) before its send queue finished, and the goodbye, which goes through the kernel,
+     * must not overtake the datagrams (the peer would refuse those of a sender it forgot). On rxe a post
+     * transmits at once; on an adapter the queue drains in microseconds. Bounded, in case the device stalls. */
+    if (s->rdma_ready && s->sends_out) {
+        uint64_t t0 = rs_dg_now_ns();
+        rs_dg_tx_drain(s, t0 + RS_DG_CLOSE_DRAIN_NS);
+        if (s->sends_out)
+            RS_WARN("dgram: fd %d: closing with %u datagram(s) still in the send queue after %llu ms", s->fd,
+                    s->sends_out, (unsigned long long)((rs_dg_now_ns() - t0) / 1000000u));
+    }
     if (bye)
         rs_dg_peers_bye(s);
     log_summary(s);

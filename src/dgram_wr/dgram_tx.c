@@ -105,6 +105,25 @@ void rs_dg_tx_watch(struct rs_dgram_sock *s)
     rs_dg_tx_reap(s);
 }
 
+void rs_dg_tx_drain(struct rs_dgram_sock *s, uint64_t deadline_ns)
+{
+    if (s->rdma_ready)
+        rs_dg_tx_reap(s);
+    while (s->rdma_ready && s->sends_out) {
+        if (!s->scq_armed) {
+            /* Arm, then reap once more before sleeping: a completion in between would not write the fd. */
+            (void)rs_rnic_cq_arm(s->scq, false);
+            s->scq_armed = true;
+            rs_dg_tx_reap(s);
+            continue;
+        }
+        int rc = rs_dg_wait(s, deadline_ns, true, false);
+        if (rc && rc != -EINTR)
+            break;
+        rs_dg_tx_reap(s);
+    }
+}
+
 /* ---- posting ---- */
 
 enum method { M_SEND, M_LANE, M_SINK };
