@@ -399,7 +399,10 @@ compat_udp_check_socat_udp() {
             compat_verdict $? "sender exit $status; received $(stat -c %s "$out" 2>/dev/null || echo no) of $((mib * 1048576)) bytes; datagrams sent $nsent, received $ngot (sizes and order $([[ $sent_sizes == "$got_sizes" ]] && echo match || echo differ))" \
                 "$(compat_diag "$source.err" "$sink.err")"
         fi
-        compat_udp_evidence "$port,$cport" $((mib * 1048576))
+        # Half the file: the first datagrams go through the kernel while the sender's probe is answered, and the
+        # sender's own counters are in the snapshots only if one was taken while it ran (a VM run saw the
+        # receiver's 842 KiB of 1 MiB and none of the sender's).
+        compat_udp_evidence "$port,$cport" $((mib * 1048576 / 2))
         compat_stop "$sink" TERM 5
         rm -f "$out"
     done
