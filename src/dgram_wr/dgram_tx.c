@@ -105,22 +105,30 @@ void rs_dg_tx_watch(struct rs_dgram_sock *s)
     rs_dg_tx_reap(s);
 }
 
+/* One step of waiting for send completions (lock held): arm the send CQ and reap once more if it was not armed (a
+ * completion in between would not write the fd), else sleep until one comes or the deadline. 0 or -errno. */
+static int await_send_completion(struct rs_dgram_sock *s, uint64_t deadline_ns)
+{
+    if (!s->scq_armed) {
+        (void)rs_rnic_cq_arm(s->scq, false);
+        s->scq_armed = true;
+    } else {
+        int rc = rs_dg_wait(s, deadline_ns, true, false);
+        if (rc)
+            return rc;
+    }
+    rs_dg_tx_reap(s);
+    return 0;
+}
+
 void rs_dg_tx_drain(struct rs_dgram_sock *s, uint64_t deadline_ns)
 {
     if (s->rdma_ready)
         rs_dg_tx_reap(s);
     while (s->rdma_ready && s->sends_out) {
-        if (!s->scq_armed) {
-            /* Arm, then reap once more before sleeping: a completion in between would not write the fd. */
-            (void)rs_rnic_cq_arm(s->scq, false);
-            s->scq_armed = true;
-            rs_dg_tx_reap(s);
-            continue;
-        }
-        int rc = rs_dg_wait(s, deadline_ns, true, false);
+        int rc = await_send_completion(s, deadline_ns);
         if (rc && rc != -EINTR)
             break;
-        rs_dg_tx_reap(s);
     }
 }
 
@@ -146,17 +154,9 @@ static int wait_space(struct rs_dgram_sock *s, uint32_t len, bool nonblock)
             rs_dg_changed(s);
             return -EAGAIN;
         }
-        if (!s->scq_armed) {
-            /* Arm, then reap once more before sleeping: a completion in between would not write the fd. */
-            (void)rs_rnic_cq_arm(s->scq, false);
-            s->scq_armed = true;
-            rs_dg_tx_reap(s);
-            continue;
-        }
-        int rc = rs_dg_wait(s, deadline, true, false);
+        int rc = await_send_completion(s, deadline);
         if (rc)
             return rc;
-        rs_dg_tx_reap(s);
     }
     return 0;
 }
