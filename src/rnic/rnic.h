@@ -242,7 +242,8 @@ struct rs_rnic_qp_attr {
     uint32_t ud_read_timeout_ms;    /* UD RDMA READ: a request with no response is failed after this
                                      * (checked lazily, when the CQ is polled); 0 = provider default */
     uint32_t record_timeout_ms;     /* UD WRITE_RECORD target: a message whose last segment is missing completes
-                                     * as RS_WC_RECORD_PARTIAL after this; 0 = provider default */
+                                     * as RS_WC_RECORD_PARTIAL this long after its latest segment (silence, not
+                                     * length); 0 = provider default */
     void *context;                  /* returned by rs_rnic_qp_context */
     struct rs_rnic_xrcd *xrcd;      /* RS_QPT_XRC_TGT: the XRC domain it serves */
 };

@@ -5,9 +5,10 @@
  * STag and address; the target places each datagram's payload there and, once the last datagram arrived or the
  * record timeout passed, reports one RECV_WRITE_RECORD completion saying which segments are valid. No receive is
  * consumed. The message is cut into at most 64 segments of whole datagrams (the validity map is 64 bits), so a
- * lost datagram only invalidates its segment. The target checks STag, PD, access and bounds in software against
- * the provider's key table, with the table locked while it copies, so a region deregistered or invalidated is
- * never written.
+ * lost datagram only invalidates its segment. A segment of several datagrams is put together in a staging buffer
+ * and placed only when whole, so the bytes of an invalid segment stay untouched. The record timeout counts from
+ * the latest datagram. The target checks STag, PD, access and bounds in software against the provider's key
+ * table, with the table locked while it copies, so a region deregistered or invalidated is never written.
  *
  * Why UD and not UC RDMA WRITE with immediate: docs/verbs.md has the comparison and the measurements. In short,
  * UC needs one connected QP per peer (set up out of band), and a UC message that loses a packet is dropped
@@ -54,6 +55,102 @@ static struct rs_v_mr *writable(struct rs_v_ud *ud, uint32_t rkey, uint64_t addr
     return rs_v_mr_covers(mr, addr, len) ? mr : NULL;
 }
 
+/* ---- staging: a segment of several datagrams is placed only when whole ------------------------------------ */
+
+static uint8_t *stage_alloc(struct rs_v_ud *ud, uint32_t need, uint32_t *cap)
+{
+    for (unsigned i = 0; i < RS_V_RECORD_STAGES; i++) {
+        struct rs_v_stage *spare = &ud->stage_spare[i];
+        if (spare->buf && spare->cap >= need) {
+            uint8_t *buf = spare->buf;
+            *cap = spare->cap;
+            spare->buf = NULL;
+            return buf;
+        }
+    }
+    if (ud->staged_bytes + need > RS_V_RECORD_STAGE_BUDGET)
+        return NULL;
+    uint8_t *buf = malloc(need);
+    if (buf) {
+        *cap = need;
+        ud->staged_bytes += need;
+    }
+    return buf;
+}
+
+/* Keeps the buffer for the next segment if a spare slot is free, else frees it. */
+static void stage_release(struct rs_v_ud *ud, struct rs_v_stage *st)
+{
+    if (!st->buf)
+        return;
+    for (unsigned i = 0; i < RS_V_RECORD_STAGES; i++) {
+        if (!ud->stage_spare[i].buf) {
+            ud->stage_spare[i].buf = st->buf;
+            ud->stage_spare[i].cap = st->cap;
+            st->buf = NULL;
+            return;
+        }
+    }
+    ud->staged_bytes -= st->cap;
+    free(st->buf);
+    st->buf = NULL;
+}
+
+void rs_v_record_unstage(struct rs_v_ud *ud, struct rs_v_msg *m)
+{
+    for (unsigned i = 0; i < RS_V_RECORD_STAGES; i++)
+        stage_release(ud, &m->stage[i]);
+}
+
+void rs_v_record_stage_cleanup(struct rs_v_ud *ud)
+{
+    for (unsigned i = 0; i < RS_V_RECORD_STAGES; i++) {
+        struct rs_v_stage *spare = &ud->stage_spare[i];
+        if (spare->buf) {
+            ud->staged_bytes -= spare->cap;
+            free(spare->buf);
+            spare->buf = NULL;
+        }
+    }
+}
+
+/* The stage collecting segment seg, or a new one. When every slot is taken the oldest segment is given up: the
+ * device delivers in order, so a segment overtaken by RS_V_RECORD_STAGES later ones lost a datagram. NULL when
+ * the segment was given up already or no memory is left: the datagram is dropped and the segment stays invalid. */
+static struct rs_v_stage *stage_for(struct rs_v_ud *ud, struct rs_v_msg *m, uint32_t seg, uint32_t size,
+                                    uint64_t now)
+{
+    if (m->lost & (1ull << seg))
+        return NULL;
+    struct rs_v_stage *free_slot = NULL, *oldest = NULL;
+    for (unsigned i = 0; i < RS_V_RECORD_STAGES; i++) {
+        struct rs_v_stage *st = &m->stage[i];
+        if (!st->buf) {
+            if (!free_slot)
+                free_slot = st;
+        } else if (st->seg == seg) {
+            return st;
+        } else if (!oldest || st->started_ms < oldest->started_ms ||
+                   (st->started_ms == oldest->started_ms && st->seg < oldest->seg)) {
+            oldest = st;
+        }
+    }
+    struct rs_v_stage *st = free_slot;
+    if (!st) {
+        m->lost |= 1ull << oldest->seg;
+        stage_release(ud, oldest);
+        st = oldest;
+    }
+    st->buf = stage_alloc(ud, size, &st->cap);
+    if (!st->buf) {
+        m->lost |= 1ull << seg;
+        return NULL;
+    }
+    st->seg = seg;
+    st->started_ms = now;
+    return st;
+}
+
 void rs_v_record_rx(struct rs_v_ud *ud, const struct rs_vud_hdr *h, const uint8_t *payload, uint32_t len,
                     const struct rs_v_src *src)
 {
@@ -84,9 +181,9 @@ void rs_v_record_rx(struct rs_v_ud *ud, const struct rs_vud_hdr *h, const uint8_
         pthread_rwlock_unlock(&dev->mr_lock);
         ud->refused++;
         if (m)
-            rs_v_msg_done(m, now);   /* invalidated meanwhile: the rest is refused too, nothing reported */
+            rs_v_msg_done(ud, m, now);   /* invalidated meanwhile: the rest is refused too, nothing reported */
         else if (!single && (m = rs_v_msg_new(ud, src, h->msg_id, RS_VUD_RECORD, now)))
-            rs_v_msg_done(m, now);
+            rs_v_msg_done(ud, m, now);
         return;
     }
     if (!m) {
@@ -95,7 +192,7 @@ void rs_v_record_rx(struct rs_v_ud *ud, const struct rs_vud_hdr *h, const uint8_
             memset(m, 0, sizeof(*m));
             m->src = *src;
         } else {
-            m = rs_v_msg_new(ud, src, h->msg_id, RS_VUD_RECORD, now + ud->qp->record_timeout_ms);
+            m = rs_v_msg_new(ud, src, h->msg_id, RS_VUD_RECORD, 0);
             if (!m) {
                 pthread_rwlock_unlock(&dev->mr_lock);
                 return;
@@ -109,13 +206,35 @@ void rs_v_record_rx(struct rs_v_ud *ud, const struct rs_vud_hdr *h, const uint8_
         /* Remember where the region starts: the completion reports the offset in it. */
         m->region_base = (uint64_t)(uintptr_t)mr->pub.addr;
     }
-    if (len)
-        memcpy((void *)(uintptr_t)(h->addr + h->offset), payload, len);
+    /* The deadline counts from the latest datagram: a long record on a slow host is not a lost one. */
+    m->deadline_ms = now + ud->qp->record_timeout_ms;
+    uint32_t size = segment_size(h->msg_len, h->seg_len, seg);
+    uint64_t seg_start = (uint64_t)seg * h->seg_len;
+    bool placed = false;
+    if (len == size) {
+        /* The whole segment in one datagram: straight into the region. */
+        if (len)
+            memcpy((void *)(uintptr_t)(h->addr + h->offset), payload, len);
+        m->seg_bytes[seg] = len;
+        placed = true;
+    } else if (!(m->map & (1ull << seg))) {
+        struct rs_v_stage *st = stage_for(ud, m, seg, size, now);
+        if (!st) {
+            ud->refused++;
+        } else {
+            memcpy(st->buf + (h->offset - seg_start), payload, len);
+            m->seg_bytes[seg] += len;
+            if (m->seg_bytes[seg] >= size) {
+                memcpy((void *)(uintptr_t)(h->addr + seg_start), st->buf, size);
+                stage_release(ud, st);
+                placed = true;
+            }
+        }
+    }
     pthread_rwlock_unlock(&dev->mr_lock);
-    m->seg_bytes[seg] += len;
-    if (!(m->map & (1ull << seg)) && m->seg_bytes[seg] >= segment_size(h->msg_len, h->seg_len, seg)) {
+    if (placed && !(m->map & (1ull << seg))) {
         m->map |= 1ull << seg;
-        m->valid += segment_size(h->msg_len, h->seg_len, seg);
+        m->valid += size;
     }
     m->solicited |= (h->flags & RS_VUD_F_SOLICITED) != 0;
     bool complete = m->map == (segments(h->msg_len, h->seg_len) == 64 ? ~0ull
@@ -124,7 +243,7 @@ void rs_v_record_rx(struct rs_v_ud *ud, const struct rs_vud_hdr *h, const uint8_
     if (complete || (h->flags & RS_VUD_F_LAST)) {
         rs_v_record_report(ud, m, false);
         if (m != &one)
-            rs_v_msg_done(m, now);
+            rs_v_msg_done(ud, m, now);
     }
 }
 

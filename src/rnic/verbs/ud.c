@@ -764,8 +764,10 @@ struct rs_v_msg *rs_v_msg_new(struct rs_v_ud *ud, const struct rs_v_src *src, ui
     return m;
 }
 
-void rs_v_msg_done(struct rs_v_msg *m, uint64_t now_ms)
+void rs_v_msg_done(struct rs_v_ud *ud, struct rs_v_msg *m, uint64_t now_ms)
 {
+    if (m->opcode == RS_VUD_RECORD)
+        rs_v_record_unstage(ud, m);
     m->state = RS_V_MSG_DONE;
     m->done_ms = now_ms;
     m->recv = NULL;
@@ -773,6 +775,8 @@ void rs_v_msg_done(struct rs_v_msg *m, uint64_t now_ms)
 
 static void msg_free(struct rs_v_ud *ud, struct rs_v_msg *m)
 {
+    if (m->opcode == RS_VUD_RECORD)
+        rs_v_record_unstage(ud, m);
     struct rs_v_msg **link = &ud->buckets[msg_hash(ud, m->gid, m->qpn, m->msg_id)];
     while (*link && *link != m)
         link = &(*link)->hnext;
@@ -845,10 +849,10 @@ static void rx_send(struct rs_v_ud *ud, const struct rs_vud_hdr *h, const uint8_
         struct rs_v_recv *r = rs_v_rq_take(rq, qp);
         if (!r) {
             ud->dropped++;
-            rs_v_msg_done(m, rs_v_now_ms());
+            rs_v_msg_done(ud, m, rs_v_now_ms());
         } else if (r->total < h->msg_len) {
             finish_recv(rq, r, RS_WC_LOC_LEN_ERR, 0, src, false);
-            rs_v_msg_done(m, rs_v_now_ms());
+            rs_v_msg_done(ud, m, rs_v_now_ms());
         } else {
             m->recv = r;
             m->msg_len = h->msg_len;
@@ -864,15 +868,43 @@ static void rx_send(struct rs_v_ud *ud, const struct rs_vud_hdr *h, const uint8_
     fill_recv(ud, m->recv, h->offset, payload, len, &status);
     m->received += len;
     m->solicited |= solicited;
+    /* The deadline counts from the latest datagram: a long message on a slow host is not a lost one. */
+    m->deadline_ms = rs_v_now_ms() + RS_V_DEFAULT_SEND_TIMEOUT_MS;
     if (status != RS_WC_SUCCESS || m->received >= m->msg_len) {
         finish_recv(rq, m->recv, status, m->msg_len, src, m->solicited);
-        rs_v_msg_done(m, rs_v_now_ms());
+        rs_v_msg_done(ud, m, rs_v_now_ms());
     }
     pthread_mutex_unlock(&rq->lock);
 }
 
+void rs_v_test_set_drop(struct rs_rnic *rnic, uint32_t per_million, uint64_t seed)
+{
+    struct rs_v_dev *dev = rs_v_dev(rnic);
+    atomic_store(&dev->test_drop_state, seed ? seed : 0x9e3779b97f4a7c15ull);
+    atomic_store(&dev->test_drop_per_million, per_million > 1000000 ? 1000000 : per_million);
+    if (per_million)
+        RS_WARN("verbs: TEST ONLY drop knob active: %u per million inbound UD datagrams dropped", per_million);
+}
+
+static bool test_drop(struct rs_v_dev *dev)
+{
+    uint32_t per_million = atomic_load_explicit(&dev->test_drop_per_million, memory_order_relaxed);
+    if (!per_million)
+        return false;
+    uint64_t s = atomic_load(&dev->test_drop_state), n;
+    do {
+        n = s;
+        n ^= n << 13;
+        n ^= n >> 7;
+        n ^= n << 17;
+    } while (!atomic_compare_exchange_weak(&dev->test_drop_state, &s, n));
+    return n % 1000000 < per_million;
+}
+
 static void rx_datagram(struct rs_v_ud *ud, const struct ibv_wc *wc)
 {
+    if (test_drop(ud->qp->dev))
+        return;
     uint32_t index = (uint32_t)(wc->wr_id & ~RECV_TAG);
     if (index >= ud->rcount || wc->byte_len < RS_V_GRH_LEN + RS_V_UD_HDR_LEN)
         return;
@@ -973,12 +1005,31 @@ static bool lock_for_timers(struct rs_v_ud *ud, pthread_mutex_t *lock)
     return true;
 }
 
+/* Whether a message's deadline passed; rx_lock held. */
+static bool message_due(const struct rs_v_ud *ud, uint64_t now)
+{
+    for (const struct rs_v_msg *m = ud->age_head; m; m = m->next) {
+        if (m->state == RS_V_MSG_ACTIVE && m->deadline_ms <= now)
+            return true;
+    }
+    return false;
+}
+
 uint64_t rs_v_ud_timers(struct rs_v_qp *qp, uint64_t now)
 {
     struct rs_v_ud *ud = qp->ud;
     uint64_t next = 0;
     if (!lock_for_timers(ud, &ud->rx_lock))
         return now + 1;
+    /* Before giving a message up, take in what the device already received: on a busy host its next datagrams
+     * may be waiting in the internal CQ, and they move the deadline (run_cq takes rx_lock itself). */
+    if (message_due(ud, now) && pthread_mutex_trylock(&ud->progress_lock) == 0) {
+        pthread_mutex_unlock(&ud->rx_lock);
+        rs_v_ud_run_cq(qp);
+        pthread_mutex_unlock(&ud->progress_lock);
+        if (!lock_for_timers(ud, &ud->rx_lock))
+            return now + 1;
+    }
     struct rs_v_msg *m = ud->age_head;
     while (m) {
         struct rs_v_msg *following = m->next;
@@ -993,7 +1044,7 @@ uint64_t rs_v_ud_timers(struct rs_v_qp *qp, uint64_t now)
                 } else {
                     rs_v_record_report(ud, m, true);
                 }
-                rs_v_msg_done(m, now);
+                rs_v_msg_done(ud, m, now);
             }
         } else if (m->done_ms + RS_V_DONE_LINGER_MS <= now) {
             msg_free(ud, m);
@@ -1164,7 +1215,7 @@ void rs_v_ud_set_error(struct rs_v_qp *qp)
     pthread_mutex_lock(&rq->lock);
     for (struct rs_v_msg *m = ud->age_head; m; m = m->next) {
         if (m->state == RS_V_MSG_ACTIVE)
-            rs_v_msg_done(m, rs_v_now_ms());
+            rs_v_msg_done(ud, m, rs_v_now_ms());
     }
     rs_v_rq_flush(rq, qp, !qp->srq);
     pthread_mutex_unlock(&rq->lock);
@@ -1210,6 +1261,7 @@ void rs_v_ud_destroy(struct rs_v_qp *qp)
     }
     while (ud->age_head)
         msg_free(ud, ud->age_head);
+    rs_v_record_stage_cleanup(ud);
     pthread_mutex_destroy(&ud->progress_lock);
     pthread_mutex_destroy(&ud->tx_lock);
     pthread_mutex_destroy(&ud->rx_lock);

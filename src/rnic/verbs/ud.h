@@ -83,6 +83,14 @@ struct rs_v_job {
 
 enum rs_v_msg_state { RS_V_MSG_ACTIVE, RS_V_MSG_DONE };
 
+/* A Write-Record segment being put together (buf NULL: the slot is free). */
+struct rs_v_stage {
+    uint8_t *buf;
+    uint32_t cap;
+    uint32_t seg;
+    uint64_t started_ms;            /* which slot goes when all are taken: the oldest */
+};
+
 /* A message being put back together (segmented SEND or WRITE_RECORD), or a finished one remembered for a while
  * so its stragglers are recognised and dropped. */
 struct rs_v_msg {
@@ -102,8 +110,12 @@ struct rs_v_msg {
     uint64_t addr, region_base;
     uint32_t seg_bytes[RS_V_RECORD_SEGMENTS];
     uint64_t map;
+    uint64_t lost;                  /* segments given up before they were whole: their datagrams are dropped */
     uint32_t valid;
     bool solicited;
+    /* Segments of several datagrams are put together here and placed only when whole, so a segment the map
+     * calls invalid leaves the region untouched (record.c). */
+    struct rs_v_stage stage[RS_V_RECORD_STAGES];
 };
 
 /* A multicast group a UD QP joined (rs_rnic_ud_join_multicast): its own rdma_cm id on the progress thread's
@@ -176,6 +188,9 @@ struct rs_v_ud {
     struct rs_v_msg **buckets;
     uint32_t nbuckets;
     struct rs_v_msg *age_head, *age_tail;
+    /* Write-Record staging (record.c): bytes held in stages, and a few spare buffers kept for the next ones */
+    uint64_t staged_bytes;
+    struct rs_v_stage stage_spare[RS_V_RECORD_STAGES];
     uint64_t dropped;               /* SEND messages with no receive posted */
     uint64_t refused;               /* datagrams refused: malformed, protection, stragglers */
     /* multicast groups joined; mc_cond wakes a joining thread when the progress thread moved a join on */
@@ -192,7 +207,7 @@ void rs_v_job_free(struct rs_v_job *job);
 struct rs_v_msg *rs_v_msg_find(struct rs_v_ud *ud, const struct rs_v_src *src, uint32_t msg_id);
 struct rs_v_msg *rs_v_msg_new(struct rs_v_ud *ud, const struct rs_v_src *src, uint32_t msg_id, uint8_t opcode,
                               uint64_t deadline_ms);
-void rs_v_msg_done(struct rs_v_msg *m, uint64_t now_ms);
+void rs_v_msg_done(struct rs_v_ud *ud, struct rs_v_msg *m, uint64_t now_ms);
 void rs_v_send_completion(struct rs_v_ud *ud, struct rs_v_job *job);
 /* Runs the internal CQ until it is empty (progress_lock held). */
 void rs_v_ud_run_cq(struct rs_v_qp *qp);
@@ -205,6 +220,10 @@ void rs_v_record_rx(struct rs_v_ud *ud, const struct rs_vud_hdr *h, const uint8_
                     const struct rs_v_src *src);
 /* Reports the record: closed by its last datagram, or by its deadline (timed_out). */
 void rs_v_record_report(struct rs_v_ud *ud, struct rs_v_msg *m, bool timed_out);
+/* Gives back a message's staging buffers (every end of a record: report, refusal, error, destroy). */
+void rs_v_record_unstage(struct rs_v_ud *ud, struct rs_v_msg *m);
+/* Frees the QP's spare staging buffers (destroy). */
+void rs_v_record_stage_cleanup(struct rs_v_ud *ud);
 uint32_t rs_v_record_seg_len(uint32_t chunk, uint64_t len);
 void rs_v_read_request(struct rs_v_ud *ud, const struct rs_vud_hdr *h, const struct ibv_wc *wc, const uint8_t *grh,
                        const struct rs_v_src *src);

@@ -42,9 +42,11 @@
 #define RS_V_UD_MAX_MSG (16u << 20)     /* largest UD SEND we segment */
 #define RS_V_RECORD_MAX_MSG (16u << 20) /* largest WRITE_RECORD message */
 #define RS_V_RECORD_SEGMENTS 64u        /* validity map bits */
+#define RS_V_RECORD_STAGES 4u           /* segments of one record put together at once (UD arrives in order) */
+#define RS_V_RECORD_STAGE_BUDGET (16u << 20) /* staging bytes one UD QP may hold */
 #define RS_V_DEFAULT_READ_TIMEOUT_MS 1000u
 #define RS_V_DEFAULT_RECORD_TIMEOUT_MS 1000u
-#define RS_V_DEFAULT_SEND_TIMEOUT_MS 1000u  /* a segmented SEND missing a piece is given up after this */
+#define RS_V_DEFAULT_SEND_TIMEOUT_MS 1000u  /* a segmented SEND with no datagram for this long is given up */
 #define RS_V_DONE_LINGER_MS 2000u       /* how long a finished message's id is remembered (stragglers) */
 #define RS_V_DRAIN_TIMEOUT_MS 2000u
 #define RS_V_MC_JOIN_TIMEOUT_MS 3000u   /* rs_rnic_ud_join_multicast: longest wait for rdma_cm's join */
@@ -89,6 +91,9 @@ struct rs_v_dev {
     struct rs_v_cq *overflowed[8];      /* CQs that overflowed, for the progress thread */
     uint32_t noverflowed;
     atomic_int objects;                 /* PDs, CQs, CMs alive; close frees the context when 0 */
+    /* TEST ONLY (rs_v_test_set_drop): inbound UD datagrams dropped per million, and the generator's state */
+    atomic_uint test_drop_per_million;
+    _Atomic uint64_t test_drop_state;
 };
 
 struct rs_v_pd {
@@ -526,6 +531,12 @@ int rs_v_xrc_create_id(struct rdma_event_channel *channel, const struct sockaddr
 /* qp.c: wraps a device SRQ (plain or XRC) in the provider's SRQ. */
 int rs_v_srq_wrap(struct rs_rnic_pd *pd, struct ibv_srq *srq, uint32_t max_wr, uint32_t max_sge,
                   struct rs_rnic_srq **out);
+
+/* ---- TEST ONLY -------------------------------------------------------------------------------------------- */
+
+/* Drops this share of the datagrams the device's UD QPs receive, before the provider looks at them, the way a
+ * lossy network would (rxe's loopback never loses one). 0 turns it off. For the Write-Record loss tests. */
+void rs_v_test_set_drop(struct rs_rnic *rnic, uint32_t per_million, uint64_t seed);
 
 /* ---- helpers ---------------------------------------------------------------------------------------------- */
 
