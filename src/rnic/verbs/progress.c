@@ -42,6 +42,9 @@ struct rs_v_progress {
     uint32_t nqps, cap;
     struct rs_v_cm **cms;
     uint32_t ncms, cms_cap;
+    /* When the thread will look at its timers next: 0 while it is looking, UINT64_MAX when nothing is due. A
+     * deadline set by another thread earlier than this kicks it (rs_v_progress_note_deadline). */
+    _Atomic uint64_t wake_at;
 };
 
 static bool cm_watched(struct rs_v_progress *p, const struct rs_v_cm *cm)
@@ -62,11 +65,19 @@ static bool watched(struct rs_v_progress *p, const struct rs_v_qp *qp)
     return false;
 }
 
+#define RS_V_PROGRESS_EVENT_BATCH 64
+#define RS_V_PROGRESS_EVENT_SLICE_MS 8
+
 static void handle_comp(struct rs_v_dev *dev, struct rs_v_progress *p)
 {
     struct ibv_cq *cq;
     void *context;
-    while (ibv_get_cq_event(p->channel, &cq, &context) == 0) {
+    /* A bounded batch: under a steady stream the events never stop coming, and the timers (record and READ
+     * deadlines, CM timeouts) run only between batches. The channel stays readable for the next one. */
+    uint64_t until = rs_v_now_ms() + RS_V_PROGRESS_EVENT_SLICE_MS;
+    for (int n = 0; n < RS_V_PROGRESS_EVENT_BATCH && (n == 0 || rs_v_now_ms() < until) &&
+                    ibv_get_cq_event(p->channel, &cq, &context) == 0;
+         n++) {
         pthread_mutex_lock(&p->lock);
         struct rs_v_qp *qp = context;
         /* An event of a QP already unwatched is only acknowledged: its destroy waits for that. */
@@ -111,6 +122,7 @@ static void handle_overflows(struct rs_v_dev *dev)
 
 static int run_timers(struct rs_v_progress *p)
 {
+    atomic_store(&p->wake_at, 0);
     uint64_t now = rs_v_now_ms(), next = 0;
     pthread_mutex_lock(&p->lock);
     for (uint32_t i = 0; i < p->nqps; i++) {
@@ -127,6 +139,7 @@ static int run_timers(struct rs_v_progress *p)
             next = t;
     }
     pthread_mutex_unlock(&p->lock);
+    atomic_store(&p->wake_at, next ? next : UINT64_MAX);
     if (!next)
         return -1;
     return next <= now ? 0 : (int)(next - now);
@@ -237,6 +250,17 @@ fail:
 out:
     pthread_mutex_unlock(&dev->lock);
     return r;
+}
+
+void rs_v_progress_note_deadline(struct rs_v_dev *dev, uint64_t deadline_ms)
+{
+    struct rs_v_progress *p = dev->progress;
+    if (!p)
+        return;
+    uint64_t wake_at = atomic_load(&p->wake_at);
+    /* 0: the thread is looking now and may have passed this QP already; a kick costs it one more look. */
+    if (wake_at == 0 || deadline_ms < wake_at)
+        rs_v_progress_kick(dev);
 }
 
 void rs_v_progress_kick(struct rs_v_dev *dev)

@@ -186,6 +186,7 @@ void rs_v_record_rx(struct rs_v_ud *ud, const struct rs_vud_hdr *h, const uint8_
             rs_v_msg_done(ud, m, now);
         return;
     }
+    bool fresh = !m && !single;
     if (!m) {
         if (single) {
             m = &one;
@@ -208,6 +209,8 @@ void rs_v_record_rx(struct rs_v_ud *ud, const struct rs_vud_hdr *h, const uint8_
     }
     /* The deadline counts from the latest datagram: a long record on a slow host is not a lost one. */
     m->deadline_ms = now + ud->qp->record_timeout_ms;
+    if (fresh)
+        rs_v_progress_note_deadline(dev, m->deadline_ms);   /* later datagrams only move it further out */
     uint32_t size = segment_size(h->msg_len, h->seg_len, seg);
     uint64_t seg_start = (uint64_t)seg * h->seg_len;
     bool placed = false;

@@ -751,6 +751,8 @@ struct rs_v_msg *rs_v_msg_new(struct rs_v_ud *ud, const struct rs_v_src *src, ui
     m->opcode = opcode;
     m->state = RS_V_MSG_ACTIVE;
     m->deadline_ms = deadline_ms;
+    if (deadline_ms)
+        rs_v_progress_note_deadline(ud->qp->dev, deadline_ms);
     m->src = *src;
     uint32_t b = msg_hash(ud, src->gid, src->qpn, msg_id);
     m->hnext = ud->buckets[b];
@@ -944,12 +946,19 @@ static void rx_datagram(struct rs_v_ud *ud, const struct ibv_wc *wc)
 
 void rs_v_ud_run_cq(struct rs_v_qp *qp)
 {
+    rs_v_ud_run_cq_some(qp, 0);
+}
+
+bool rs_v_ud_run_cq_some(struct rs_v_qp *qp, uint64_t until_ms)
+{
     struct rs_v_ud *ud = qp->ud;
-    for (;;) {
+    for (unsigned batch = 0;; batch++) {
+        if (until_ms && batch && rs_v_now_ms() >= until_ms)
+            return true;
         struct ibv_wc wc[CQ_BATCH];
         int n = ibv_poll_cq(ud->cq, CQ_BATCH, wc);
         if (n <= 0)
-            return;
+            return false;
         uint32_t refill[CQ_BATCH];
         uint32_t nrefill = 0;
         bool sent = false, failed = false;
@@ -987,7 +996,7 @@ void rs_v_ud_run_cq(struct rs_v_qp *qp)
             rs_v_ud_set_error(qp);
         }
         if (n < CQ_BATCH)
-            return;
+            return false;
     }
 }
 
@@ -1025,7 +1034,7 @@ uint64_t rs_v_ud_timers(struct rs_v_qp *qp, uint64_t now)
      * may be waiting in the internal CQ, and they move the deadline (run_cq takes rx_lock itself). */
     if (message_due(ud, now) && pthread_mutex_trylock(&ud->progress_lock) == 0) {
         pthread_mutex_unlock(&ud->rx_lock);
-        rs_v_ud_run_cq(qp);
+        ud->backlog = rs_v_ud_run_cq_some(qp, rs_v_now_ms() + RS_V_UD_THREAD_SLICE_MS);
         pthread_mutex_unlock(&ud->progress_lock);
         if (!lock_for_timers(ud, &ud->rx_lock))
             return now + 1;

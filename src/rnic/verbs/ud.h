@@ -174,6 +174,7 @@ struct rs_v_ud {
     atomic_uint app_polls;          /* polls of a CQ this QP completes to, by the application */
     uint32_t polls_seen;            /* app_polls at the progress thread's last look (progress_lock) */
     bool notify_armed;              /* the internal CQ is armed for the progress thread (progress_lock) */
+    bool backlog;                   /* the thread stopped running the CQ with work left (progress_lock) */
     uint64_t duty_check_ms;         /* while not armed: when the thread looks again (progress_lock) */
     uint32_t duty_tick_ms;          /* ... and the interval, doubling while the polls go on (progress_lock) */
     uint32_t timer_skips;           /* timer runs in a row that found a lock busy (progress thread) */
@@ -211,6 +212,12 @@ void rs_v_msg_done(struct rs_v_ud *ud, struct rs_v_msg *m, uint64_t now_ms);
 void rs_v_send_completion(struct rs_v_ud *ud, struct rs_v_job *job);
 /* Runs the internal CQ until it is empty (progress_lock held). */
 void rs_v_ud_run_cq(struct rs_v_qp *qp);
+/* The same until the clock reaches until_ms (0: no limit; one batch at least); true when it stopped with
+ * completions maybe left. The progress thread runs a QP this way, so that a long job (a send queue that refills
+ * itself from its own completions: 8 MiB of Write-Record kept it busy for 270 ms in the VM) cannot keep it from
+ * its timers. */
+bool rs_v_ud_run_cq_some(struct rs_v_qp *qp, uint64_t until_ms);
+#define RS_V_UD_THREAD_SLICE_MS 4
 /* Copies bytes into a scatter list at a message offset, checking every lkey in software (mr_lock held). */
 enum rs_rnic_wc_status rs_v_scatter(struct rs_v_qp *qp, const struct rs_rnic_sge *sge, int num_sge, uint64_t offset,
                                     const uint8_t *data, uint32_t len);

@@ -47,8 +47,15 @@ static bool app_polled(struct rs_v_ud *ud)
     return polled;
 }
 
+/* The progress thread runs the CQ a bounded while; the rest is its backlog, taken up at its next round (the
+ * duty tick), after its timers. */
+static void thread_run(struct rs_v_qp *qp)
+{
+    qp->ud->backlog = rs_v_ud_run_cq_some(qp, rs_v_now_ms() + RS_V_UD_THREAD_SLICE_MS);
+}
+
 /* Arms the internal CQ for the thread, then runs it: what arrived before the arm raises no event. */
-static void arm_and_run(struct rs_v_qp *qp)
+static void arm_and_run(struct rs_v_qp *qp, bool by_thread)
 {
     struct rs_v_ud *ud = qp->ud;
     if (!ud->notify_armed) {
@@ -56,7 +63,12 @@ static void arm_and_run(struct rs_v_qp *qp)
             RS_WARN("verbs: arming the internal CQ of UD QP %u failed", qp->qp->qp_num);
         ud->notify_armed = true;
     }
-    rs_v_ud_run_cq(qp);
+    if (by_thread) {
+        thread_run(qp);
+    } else {
+        rs_v_ud_run_cq(qp);
+        ud->backlog = false;
+    }
 }
 
 void rs_v_ud_on_event(struct rs_v_qp *qp)
@@ -65,12 +77,12 @@ void rs_v_ud_on_event(struct rs_v_qp *qp)
     pthread_mutex_lock(&ud->progress_lock);
     ud->notify_armed = false;       /* the event consumed the arm */
     __atomic_store_n(&ud->wakeups, ud->wakeups + 1, __ATOMIC_RELAXED);
-    rs_v_ud_run_cq(qp);
+    thread_run(qp);
     if (app_polled(ud) && !app_waits_on_cq(qp)) {
         ud->duty_tick_ms = RS_V_UD_DUTY_TICK_MIN_MS;
         ud->duty_check_ms = rs_v_now_ms() + ud->duty_tick_ms;
     } else {
-        arm_and_run(qp);
+        arm_and_run(qp, true);
     }
     pthread_mutex_unlock(&ud->progress_lock);
 }
@@ -82,6 +94,8 @@ uint64_t rs_v_ud_duty_tick(struct rs_v_qp *qp, uint64_t now_ms)
     /* Busy: an application thread is running the CQ right now, so it polls; never wait for it. */
     if (pthread_mutex_trylock(&ud->progress_lock))
         return now_ms + RS_V_UD_DUTY_TICK_MIN_MS;
+    if (ud->backlog)
+        thread_run(qp);
     if (!ud->notify_armed) {
         if (now_ms < ud->duty_check_ms) {
             next = ud->duty_check_ms;
@@ -91,9 +105,11 @@ uint64_t rs_v_ud_duty_tick(struct rs_v_qp *qp, uint64_t now_ms)
             ud->duty_check_ms = now_ms + ud->duty_tick_ms;
             next = ud->duty_check_ms;
         } else {
-            arm_and_run(qp);
+            arm_and_run(qp, true);
         }
     }
+    if (ud->backlog)
+        next = now_ms;      /* no sleep: the rest comes right after the other timers */
     pthread_mutex_unlock(&ud->progress_lock);
     return next;
 }
@@ -105,6 +121,7 @@ void rs_v_ud_try_progress(struct rs_v_qp *qp)
     if (pthread_mutex_trylock(&ud->progress_lock))
         return;
     rs_v_ud_run_cq(qp);
+    ud->backlog = false;
     pthread_mutex_unlock(&ud->progress_lock);
 }
 
@@ -113,6 +130,6 @@ void rs_v_ud_app_waits(struct rs_v_qp *qp)
     struct rs_v_ud *ud = qp->ud;
     pthread_mutex_lock(&ud->progress_lock);
     if (!ud->notify_armed)
-        arm_and_run(qp);
+        arm_and_run(qp, false);
     pthread_mutex_unlock(&ud->progress_lock);
 }

@@ -470,6 +470,8 @@ struct ibv_comp_channel *rs_v_progress_channel(struct rs_v_dev *dev);
 struct rdma_event_channel *rs_v_progress_cm_channel(struct rs_v_dev *dev);
 /* Wakes the thread so it re-reads its timers. */
 void rs_v_progress_kick(struct rs_v_dev *dev);
+/* A deadline another thread set (a message being put together): wakes the thread if it would sleep past it. */
+void rs_v_progress_note_deadline(struct rs_v_dev *dev, uint64_t deadline_ms);
 /* UD QPs whose internal CQ, timers and SIDR answers the thread serves. Unwatching waits until the thread is not
  * working on the QP, so the caller may free it afterwards. */
 int rs_v_progress_watch_qp(struct rs_v_dev *dev, struct rs_v_qp *qp);
