@@ -209,6 +209,14 @@ void rs_v_cq_ack_events(struct rs_rnic_cq *base)
     pthread_mutex_unlock(&cq->lock);
 }
 
+bool rs_v_cq_room(struct rs_v_cq *cq, uint32_t reserved)
+{
+    pthread_mutex_lock(&cq->lock);
+    bool room = !atomic_load(&cq->overflow) && cq->depth - cq->count > reserved;
+    pthread_mutex_unlock(&cq->lock);
+    return room;
+}
+
 bool rs_v_cq_push(struct rs_v_cq *cq, const struct rs_rnic_wc *wc)
 {
     pthread_mutex_lock(&cq->lock);

@@ -175,6 +175,12 @@ void rs_v_record_rx(struct rs_v_ud *ud, const struct rs_vud_hdr *h, const uint8_
         ud->refused++;  /* a straggler of a finished message, or a datagram that contradicts its message */
         return;
     }
+    if (!m && !rs_v_cq_room(ud->qp->recv_cq, ud->records_active + 1)) {
+        /* A remote sender must never overflow the CQ (that would put the QP in ERROR): a Write-Record needs no
+         * posted receive, so nothing else bounds them. No room, no record, counted, as on the soft RNIC. */
+        ud->no_room++;
+        return;
+    }
     pthread_rwlock_rdlock(&dev->mr_lock);
     struct rs_v_mr *mr = writable(ud, h->rkey, h->addr, h->msg_len);
     if (!mr) {

@@ -750,6 +750,8 @@ struct rs_v_msg *rs_v_msg_new(struct rs_v_ud *ud, const struct rs_v_src *src, ui
     m->msg_id = msg_id;
     m->opcode = opcode;
     m->state = RS_V_MSG_ACTIVE;
+    if (opcode == RS_VUD_RECORD)
+        ud->records_active++;
     m->deadline_ms = deadline_ms;
     if (deadline_ms)
         rs_v_progress_note_deadline(ud->qp->dev, deadline_ms);
@@ -768,8 +770,11 @@ struct rs_v_msg *rs_v_msg_new(struct rs_v_ud *ud, const struct rs_v_src *src, ui
 
 void rs_v_msg_done(struct rs_v_ud *ud, struct rs_v_msg *m, uint64_t now_ms)
 {
-    if (m->opcode == RS_VUD_RECORD)
+    if (m->opcode == RS_VUD_RECORD) {
         rs_v_record_unstage(ud, m);
+        if (m->state == RS_V_MSG_ACTIVE)
+            ud->records_active--;
+    }
     m->state = RS_V_MSG_DONE;
     m->done_ms = now_ms;
     m->recv = NULL;
@@ -888,6 +893,13 @@ void rs_v_test_set_drop(struct rs_rnic *rnic, uint32_t per_million, uint64_t see
         RS_WARN("verbs: TEST ONLY drop knob active: %u per million inbound UD datagrams dropped", per_million);
 }
 
+void rs_v_test_drop_last(struct rs_rnic *rnic, bool on)
+{
+    atomic_store(&rs_v_dev(rnic)->test_drop_last, on);
+    if (on)
+        RS_WARN("verbs: TEST ONLY knob active: the last datagram of every segmented message is dropped");
+}
+
 static bool test_drop(struct rs_v_dev *dev)
 {
     uint32_t per_million = atomic_load_explicit(&dev->test_drop_per_million, memory_order_relaxed);
@@ -916,6 +928,9 @@ static void rx_datagram(struct rs_v_ud *ud, const struct ibv_wc *wc)
         ud->refused++;
         return;
     }
+    if (h.offset > 0 && (h.flags & RS_VUD_F_LAST) &&
+        atomic_load_explicit(&ud->qp->dev->test_drop_last, memory_order_relaxed))
+        return;
     /* Group traffic for another port of the group: not ours, as a UDP socket on this port would not see it. */
     if (h.group_port && h.group_port != ud->port)
         return;
@@ -1604,6 +1619,7 @@ int rs_v_ud_counters(const struct rs_rnic_qp *base, struct rs_rnic_ud_counters *
     /* Read without the receive lock: each is one word the progress path only increments. */
     out->rx_no_recv = __atomic_load_n(&qp->ud->dropped, __ATOMIC_RELAXED);
     out->rx_refused = __atomic_load_n(&qp->ud->refused, __ATOMIC_RELAXED);
+    out->rx_no_room = __atomic_load_n(&qp->ud->no_room, __ATOMIC_RELAXED);
     out->thread_wakeups = __atomic_load_n(&qp->ud->wakeups, __ATOMIC_RELAXED);
     return 0;
 }

@@ -194,6 +194,8 @@ struct rs_v_ud {
     struct rs_v_stage stage_spare[RS_V_RECORD_STAGES];
     uint64_t dropped;               /* SEND messages with no receive posted */
     uint64_t refused;               /* datagrams refused: malformed, protection, stragglers */
+    uint64_t no_room;               /* Write-Records dropped: the recv CQ had no slot to report them */
+    uint32_t records_active;        /* Write-Records being put together, each owed a completion */
     /* multicast groups joined; mc_cond wakes a joining thread when the progress thread moved a join on */
     pthread_mutex_t mc_lock;
     pthread_cond_t mc_cond;

@@ -94,6 +94,7 @@ struct rs_v_dev {
     /* TEST ONLY (rs_v_test_set_drop): inbound UD datagrams dropped per million, and the generator's state */
     atomic_uint test_drop_per_million;
     _Atomic uint64_t test_drop_state;
+    atomic_bool test_drop_last;         /* TEST ONLY (rs_v_test_drop_last) */
 };
 
 struct rs_v_pd {
@@ -369,6 +370,8 @@ void rs_v_cq_ack_events(struct rs_rnic_cq *cq);
 int rs_v_poll_cq(struct rs_rnic_cq *cq, int n, struct rs_rnic_wc *wc);
 /* Adds a completion the provider made; false when the CQ overflowed (the CQ is then in error). */
 bool rs_v_cq_push(struct rs_v_cq *cq, const struct rs_rnic_wc *wc);
+/* Whether the CQ has more than `reserved` free slots (and did not overflow). */
+bool rs_v_cq_room(struct rs_v_cq *cq, uint32_t reserved);
 void rs_v_cq_attach(struct rs_v_cq *cq, struct rs_v_qp *qp);
 void rs_v_cq_detach(struct rs_v_cq *cq, struct rs_v_qp *qp);
 /* UD QPs whose progress a poller of cq may run (added at bind, removed before the QP goes away). */
@@ -539,6 +542,9 @@ int rs_v_srq_wrap(struct rs_rnic_pd *pd, struct ibv_srq *srq, uint32_t max_wr, u
 /* Drops this share of the datagrams the device's UD QPs receive, before the provider looks at them, the way a
  * lossy network would (rxe's loopback never loses one). 0 turns it off. For the Write-Record loss tests. */
 void rs_v_test_set_drop(struct rs_rnic *rnic, uint32_t per_million, uint64_t seed);
+/* Drops the last datagram of every message longer than one datagram (on), so a Write-Record's timeout can be
+ * shown on a device that loses nothing. */
+void rs_v_test_drop_last(struct rs_rnic *rnic, bool on);
 
 /* ---- helpers ---------------------------------------------------------------------------------------------- */
 
