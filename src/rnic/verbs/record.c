@@ -147,6 +147,7 @@ static struct rs_v_stage *stage_for(struct rs_v_ud *ud, struct rs_v_msg *m, uint
         return NULL;
     }
     st->seg = seg;
+    st->next_off = 0;
     st->started_ms = now;
     return st;
 }
@@ -228,10 +229,14 @@ void rs_v_record_rx(struct rs_v_ud *ud, const struct rs_vud_hdr *h, const uint8_
         placed = true;
     } else if (!(m->map & (1ull << seg))) {
         struct rs_v_stage *st = stage_for(ud, m, seg, size, now);
-        if (!st) {
+        uint32_t rel = (uint32_t)(h->offset - seg_start);
+        /* Only bytes after those taken count: a duplicate (or a datagram out of order, which leaves a gap) can
+         * never make a segment look whole while part of its stage still holds an earlier segment's bytes. */
+        if (!st || rel < st->next_off) {
             ud->refused++;
         } else {
-            memcpy(st->buf + (h->offset - seg_start), payload, len);
+            memcpy(st->buf + rel, payload, len);
+            st->next_off = rel + len;
             m->seg_bytes[seg] += len;
             if (m->seg_bytes[seg] >= size) {
                 memcpy((void *)(uintptr_t)(h->addr + seg_start), st->buf, size);

@@ -88,6 +88,7 @@ struct rs_v_stage {
     uint8_t *buf;
     uint32_t cap;
     uint32_t seg;
+    uint32_t next_off;              /* end of the bytes taken so far, in the segment: datagrams must come in order */
     uint64_t started_ms;            /* which slot goes when all are taken: the oldest */
 };
 
