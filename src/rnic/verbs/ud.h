@@ -197,6 +197,7 @@ struct rs_v_ud {
     uint64_t refused;               /* datagrams refused: malformed, protection, stragglers */
     uint64_t no_room;               /* Write-Records dropped: the recv CQ had no slot to report them */
     uint32_t records_active;        /* Write-Records being put together, each owed a completion */
+    uint32_t sends_active;          /* segmented SENDs being put together (each holds a posted receive) */
     /* multicast groups joined; mc_cond wakes a joining thread when the progress thread moved a join on */
     pthread_mutex_t mc_lock;
     pthread_cond_t mc_cond;
