@@ -738,6 +738,11 @@ int rs_isock_accept(struct rs_isock *s, int fd, struct sockaddr *addr, socklen_t
     }
     int fl = RS_REAL(fcntl)(fd, F_GETFL);
     bool nonblock = fl >= 0 && (fl & O_NONBLOCK);
+    int r = accept_once(s, fd, addr, len, flags);
+    /* A nonblocking accept is one attempt: no timeout to read (an event loop's last accept of a burst, or one
+     * that polls by calling accept, pays only for the attempt). */
+    if (r != -EAGAIN || nonblock)
+        return r;
     /* SO_RCVTIMEO bounds a blocking accept, as in Linux (the kernel socket holds the application's value). */
     struct timeval tv = { 0, 0 };
     socklen_t tvl = sizeof(tv);
@@ -747,9 +752,10 @@ int rs_isock_accept(struct rs_isock *s, int fd, struct sockaddr *addr, socklen_t
     clock_gettime(CLOCK_MONOTONIC, &now);
     int64_t deadline = (int64_t)now.tv_sec * 1000 + now.tv_nsec / 1000000 + (int64_t)tv.tv_sec * 1000 +
                        tv.tv_usec / 1000;
-    for (;;) {
-        int r = accept_once(s, fd, addr, len, flags);
-        if (r != -EAGAIN || nonblock)
+    for (bool first = true;; first = false) {
+        if (!first)
+            r = accept_once(s, fd, addr, len, flags);
+        if (r != -EAGAIN)
             return r;
         /* Blocking accept: sleep on both sides (rules of isock.h), as a kernel accept sleeps. */
         int timeout = -1;

@@ -25,9 +25,17 @@
 #include <sys/ioctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 static int failures;
+
+static long long mono_ms(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (long long)t.tv_sec * 1000 + t.tv_nsec / 1000000;
+}
 
 #define CHECK(cond, name)                                                                                      \
     do {                                                                                                       \
@@ -271,6 +279,22 @@ static int run_local(int port)
     CHECK(echo_roundtrip(c, 1000), "third echo");
     close(c);
     pthread_join(th, NULL);
+
+    /* Nothing queued: a nonblocking accept says EAGAIN at once; a blocking one waits SO_RCVTIMEO, then EAGAIN. */
+    int lfl = fcntl(l, F_GETFL);
+    fcntl(l, F_SETFL, lfl | O_NONBLOCK);
+    long long t0 = mono_ms();
+    CHECK(accept(l, NULL, NULL) == -1 && errno == EAGAIN, "nonblocking accept with nothing queued: EAGAIN");
+    CHECK(mono_ms() - t0 < 1000, "nonblocking accept does not wait");
+    fcntl(l, F_SETFL, lfl);
+    struct timeval tmo = { 0, 150000 };
+    CHECK(setsockopt(l, SOL_SOCKET, SO_RCVTIMEO, &tmo, sizeof(tmo)) == 0, "SO_RCVTIMEO on the listener");
+    t0 = mono_ms();
+    int ta = accept(l, NULL, NULL);
+    long long waited = mono_ms() - t0;
+    CHECK(ta == -1 && errno == EAGAIN && waited >= 140 && waited < 5000, "blocking accept times out after SO_RCVTIMEO");
+    struct timeval no_tmo = { 0, 0 };
+    setsockopt(l, SOL_SOCKET, SO_RCVTIMEO, &no_tmo, sizeof(no_tmo));
 
     c = socket(AF_INET, SOCK_STREAM, 0);
     CHECK(connect(c, (struct sockaddr *)&dst, sizeof(dst)) == 0, "connect to a listener nobody accepts yet");
