@@ -114,11 +114,11 @@ void rs_v_record_stage_cleanup(struct rs_v_ud *ud)
     }
 }
 
-/* The stage collecting segment seg, or a new one. When every slot is taken the oldest segment is given up: the
- * device delivers in order, so a segment overtaken by RS_V_RECORD_STAGES later ones lost a datagram. NULL when
- * the segment was given up already or no memory is left: the datagram is dropped and the segment stays invalid. */
-static struct rs_v_stage *stage_for(struct rs_v_ud *ud, struct rs_v_msg *m, uint32_t seg, uint32_t size,
-                                    uint64_t now)
+/* The stage collecting segment seg, or a new one. When every slot is taken the lowest segment (the oldest: the
+ * device delivers in order) is given up, since it was overtaken by RS_V_RECORD_STAGES later ones and so lost a
+ * datagram. NULL when the segment was given up already or no memory is left: the datagram is dropped and the
+ * segment stays invalid. */
+static struct rs_v_stage *stage_for(struct rs_v_ud *ud, struct rs_v_msg *m, uint32_t seg, uint32_t size)
 {
     if (m->lost & (1ull << seg))
         return NULL;
@@ -130,8 +130,7 @@ static struct rs_v_stage *stage_for(struct rs_v_ud *ud, struct rs_v_msg *m, uint
                 free_slot = st;
         } else if (st->seg == seg) {
             return st;
-        } else if (!oldest || st->started_ms < oldest->started_ms ||
-                   (st->started_ms == oldest->started_ms && st->seg < oldest->seg)) {
+        } else if (!oldest || st->seg < oldest->seg) {
             oldest = st;
         }
     }
@@ -148,7 +147,6 @@ static struct rs_v_stage *stage_for(struct rs_v_ud *ud, struct rs_v_msg *m, uint
     }
     st->seg = seg;
     st->next_off = 0;
-    st->started_ms = now;
     return st;
 }
 
@@ -228,7 +226,7 @@ void rs_v_record_rx(struct rs_v_ud *ud, const struct rs_vud_hdr *h, const uint8_
         m->seg_bytes[seg] = len;
         placed = true;
     } else if (!(m->map & (1ull << seg))) {
-        struct rs_v_stage *st = stage_for(ud, m, seg, size, now);
+        struct rs_v_stage *st = stage_for(ud, m, seg, size);
         uint32_t rel = (uint32_t)(h->offset - seg_start);
         /* Only bytes after those taken count: a duplicate (or a datagram out of order, which leaves a gap) can
          * never make a segment look whole while part of its stage still holds an earlier segment's bytes. */

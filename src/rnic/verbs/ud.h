@@ -89,7 +89,6 @@ struct rs_v_stage {
     uint32_t cap;
     uint32_t seg;
     uint32_t next_off;              /* end of the bytes taken so far, in the segment: datagrams must come in order */
-    uint64_t started_ms;            /* which slot goes when all are taken: the oldest */
 };
 
 /* A message being put back together (segmented SEND or WRITE_RECORD), or a finished one remembered for a while
