@@ -71,7 +71,10 @@ static void copy_text(char *dst, size_t dst_len, const char *src)
 {
     if (src == NULL)
         src = "";
-    size_t len = strnlen(src, dst_len - 1);
+    /* Not strnlen: inlined across files, GCC warns when the bound exceeds a literal's size (it stops at the NUL). */
+    size_t len = 0;
+    while (len < dst_len - 1 && src[len] != '\0')
+        len++;
     memcpy(dst, src, len);
     memset(dst + len, 0, dst_len - len);
 }
