@@ -268,7 +268,10 @@ static ssize_t copy_out(struct rs_sdp_sock *s, const struct iovec *iov, int iovc
         if (!trunc) {
             size_t left = n;
             size_t copied = 0;
-            pthread_mutex_unlock(&s->lock);
+            /* A large copy lets the progress thread and senders in meanwhile (rx_busy keeps other readers out). */
+            bool unlocked = n > SDP_COPY_LOCKED_MAX;
+            if (unlocked)
+                pthread_mutex_unlock(&s->lock);
             while (left > 0) {
                 size_t plen;
                 uint8_t *dst = dest_piece(iov, iovcnt, vi, vo, &plen);
@@ -280,7 +283,8 @@ static ssize_t copy_out(struct rs_sdp_sock *s, const struct iovec *iov, int iovc
                 left -= c;
                 *vo += c;
             }
-            pthread_mutex_lock(&s->lock);
+            if (unlocked)
+                pthread_mutex_lock(&s->lock);
             n = copied;
         }
         done += n;

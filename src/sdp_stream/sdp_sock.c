@@ -233,6 +233,12 @@ unsigned rs_sdp_mask_locked(struct rs_sdp_sock *s)
 
 void rs_sdp_signal(struct rs_sdp_sock *s)
 {
+    /* Nobody to tell: no interest registered, no thread waiting, the notification fd not raised, and nothing that
+     * raises it without interest (an error or a hang-up; see rs_sdp_mask_locked). A busy poller's every call with
+     * data ends here. */
+    if (!s->interest_mask && !s->waiters && !s->notify_on && s->state == SDP_ST_CONNECTED && !s->so_error &&
+        !s->zc_pending && !s->rx_eof && !s->rd_shut && !s->wr_shut && !s->broken)
+        return;
     unsigned mask = rs_sdp_mask_locked(s);
     unsigned eff = mask & (POLLERR | POLLHUP | s->interest_mask);
     if (eff) {

@@ -490,11 +490,18 @@ ssize_t rs_sdp_sendmsg(struct rs_sdp_sock *s, const struct iovec *iov, int iovcn
         }
         size_t n = total - sent < space ? total - sent : space;
         uint64_t pos = s->tx_tail;
-        s->tx_busy = true;
-        pthread_mutex_unlock(&s->lock);
-        copy_in(s, iov, iovcnt, &vi, &vo, pos, n);
-        pthread_mutex_lock(&s->lock);
-        s->tx_busy = false;
+        if (n > SDP_COPY_LOCKED_MAX) {
+            /* A large copy lets the progress thread in meanwhile; tx_busy keeps other senders out. A small one
+             * costs less than the unlock and lock around it (two atomic operations, far dearer under an emulated
+             * CPU than copying a few kilobytes). */
+            s->tx_busy = true;
+            pthread_mutex_unlock(&s->lock);
+            copy_in(s, iov, iovcnt, &vi, &vo, pos, n);
+            pthread_mutex_lock(&s->lock);
+            s->tx_busy = false;
+        } else {
+            copy_in(s, iov, iovcnt, &vi, &vo, pos, n);
+        }
         s->tx_tail += n;
         sent += n;
         s->stats.bytes_sent += n;
