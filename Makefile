@@ -83,9 +83,10 @@ $(CLI): $(CLI_SRCS) $(LIB_A) $(HEADERS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) -DRS_LIBDIR=\"$(LIBDIR)\" $(CFLAGS) -o $@ $(CLI_SRCS) $(LIB_A) $(LIB_LDLIBS)
 
+# The benchmark programs are built as the preloaded library is (LTO_FLAGS), so they measure the same code.
 $(PERF): $(PERF_SRCS) $(LIB_A) $(HEADERS)
 	@mkdir -p $(dir $@)
-	$(CC) $(CPPFLAGS) $(CFLAGS) -o $@ $(PERF_SRCS) $(LIB_A) $(LIB_LDLIBS)
+	$(CC) $(CPPFLAGS) $(CFLAGS) $(LTO_FLAGS) -o $@ $(PERF_SRCS) $(LIB_A) $(LIB_LDLIBS)
 
 # Unit tests of the interposers themselves (test_intercept_*) link them in front of the static library.
 $(BUILD)/tests/unit/%: tests/unit/%.c $(LIB_A) $(INTERPOSE_OBJS) $(HEADERS) $(TEST_HEADERS)
@@ -98,7 +99,7 @@ $(BUILD)/tests/helpers/%: tests/helpers/%.c $(LIB_A) $(HEADERS)
 
 $(BUILD)/bench/%: bench/%.c $(LIB_A) $(HEADERS)
 	@mkdir -p $(dir $@)
-	$(CC) $(CPPFLAGS) $(CFLAGS) -o $@ $< $(LIB_A) $(LIB_LDLIBS)
+	$(CC) $(CPPFLAGS) $(CFLAGS) $(LTO_FLAGS) -o $@ $< $(LIB_A) $(LIB_LDLIBS)
 
 $(BUILD)/fuzz-obj/%.o: %.c $(HEADERS)
 	@mkdir -p $(dir $@)

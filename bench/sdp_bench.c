@@ -289,7 +289,7 @@ static double run_bw(bool sdp, uint16_t port, size_t size)
     recv_exact(&c, &k, 1);
     double t = now_s() - t0;
     if (c.sdp && getenv("SDP_BENCH_STATS")) {
-        struct rs_sdp_stats st;
+        struct rs_sdp_stats st = { 0 };
         socklen_t len = sizeof(st);
         rs_sdp_getsockopt(c.s, RS_SOL_SDP, RS_SDP_STATS, &st, &len);
         fprintf(stderr, "# %zu: data msgs %llu, SrcAvail %llu (%llu MiB), into sinks %llu MiB, crossed %llu, "
