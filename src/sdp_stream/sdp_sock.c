@@ -359,14 +359,9 @@ static int wait_common(struct rs_sdp_sock *s, uint64_t deadline_ms, bool interru
         at_cq = true;
         s->cq_waiters++;
         s->app_waited = true;
-        /* Arm so a new completion makes the CQ fd readable; any completion already queued is found by the
-         * caller's next progress call (it loops), so the fd being readable already is harmless. With a spin the
-         * arm comes after it (below): a spin that catches the message leaves no armed CQ behind, whose event
-         * somebody would have to read and acknowledge (two system calls, a wake-up of the progress thread). */
-        if (!spin_ns()) {
-            solicited = sleep_on_solicited(s, &w);
-            rs_rnic_cq_arm(s->cq, solicited);
-        }
+        /* The CQ is armed below, after the spin if there is one: a spin that catches the message leaves no armed
+         * CQ behind, whose event somebody would have to read and acknowledge (two system calls, a wake-up of the
+         * progress thread). */
         pfd[1].fd = rs_rnic_cq_fd(s->cq);
         nfds = 2;
         int extra[SDP_WAIT_RNIC_FDS];
@@ -384,8 +379,12 @@ static int wait_common(struct rs_sdp_sock *s, uint64_t deadline_ms, bool interru
     uint64_t budget = spin_ns();
     bool spun = budget && s->cq && s->state == SDP_ST_CONNECTED && !deadline_ms_passed(deadline_ms) &&
                 spin_before_sleep(s, &w, budget);
-    if (budget && at_cq && !spun) {
-        /* Arm, then look once more: what completed between the spin's last poll and the arm raises no event. */
+    if (at_cq && !spun) {
+        /* Arm, then look once more: what completed between the last poll (the spin's, or the caller's before it
+         * came here) and the arm raises no event, and would wait for the progress thread's next look (up to
+         * SDP_LAZY_TICK_MAX_MS while the CQ is left to the application). Without this look after the arm, about one
+         * wait in thirty did, and a blocking 64 B ping-pong over rxe took 195-263 us per transfer; 139-171 us
+         * with it, in one boot. */
         solicited = sleep_on_solicited(s, &w);
         rs_rnic_cq_arm(s->cq, solicited);
         if (s->state != SDP_ST_CLOSED) {
