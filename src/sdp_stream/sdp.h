@@ -251,4 +251,10 @@ int rs_sdp_recv_errqueue(struct rs_sdp_sock *s, struct sock_extended_err *ee);
  */
 void rs_sdp_mem_unmapped(const void *addr, size_t len);
 
+/*
+ * TEST ONLY: fn(arg) runs in a blocking wait on a connected socket right before the CQ is armed (socket lock held),
+ * so a test can make a message complete between the caller's last poll and the arm. NULL clears it.
+ */
+void rs_sdp_test_before_arm(void (*fn)(void *), void *arg);
+
 #endif /* RS_SDP_STREAM_SDP_H */

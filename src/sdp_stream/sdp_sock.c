@@ -344,6 +344,15 @@ static bool sleep_on_solicited(const struct rs_sdp_sock *s, const struct sdp_wai
            !s->owed_send_sm && s->hb.phase == SDP_HB_NONE && rs_sdp_can_send_ctrl(s);
 }
 
+static void (*test_before_arm)(void *);
+static void *test_before_arm_arg;
+
+void rs_sdp_test_before_arm(void (*fn)(void *), void *arg)
+{
+    test_before_arm_arg = arg;
+    __atomic_store_n(&test_before_arm, fn, __ATOMIC_RELEASE);
+}
+
 static int wait_common(struct rs_sdp_sock *s, uint64_t deadline_ms, bool interruptible, bool rx_only)
 {
     int fd = thread_wait_fd();
@@ -385,6 +394,9 @@ static int wait_common(struct rs_sdp_sock *s, uint64_t deadline_ms, bool interru
          * SDP_LAZY_TICK_MAX_MS while the CQ is left to the application). Without this look after the arm, about one
          * wait in thirty did, and a blocking 64 B ping-pong over rxe took 195-263 us per transfer; 139-171 us
          * with it, in one boot. */
+        void (*hook)(void *) = __atomic_load_n(&test_before_arm, __ATOMIC_ACQUIRE);
+        if (hook)
+            hook(test_before_arm_arg);
         solicited = sleep_on_solicited(s, &w);
         rs_rnic_cq_arm(s->cq, solicited);
         if (s->state != SDP_ST_CLOSED) {

@@ -1350,6 +1350,54 @@ static void test_readiness_waiter_keeps_cq_duty(void **state)
     assert_int_equal(rs_sdp_close(s), 0);
 }
 
+struct before_arm {
+    struct rs_sdp_sock *peer;
+    int calls;
+    ssize_t sent;
+};
+
+/* Runs where the receiver is about to arm its CQ: the peer's message completes now, before the arm. */
+static void send_before_arm(void *p)
+{
+    struct before_arm *b = p;
+    if (b->calls++ > 0)
+        return;
+    b->sent = rs_sdp_send(b->peer, "w", 1, MSG_NOSIGNAL);
+    /* Over verbs the post completes the message into the receiver's CQ before it returns (rxe runs the peer's
+     * responder inline); on the soft RNIC give kernel TCP the moment it needs to queue it at the receiver. */
+    usleep(20000);
+}
+
+/*
+ * A blocking receive whose message completes after its last poll and before it arms the CQ raises no completion
+ * event: the wait must look once more after arming and take it without sleeping. Without that look it slept until
+ * the progress thread's next look (up to 16 ms over verbs), a lost wake-up that cost a blocking ping-pong over rxe
+ * about a third of its speed. The hook puts the message exactly in that window.
+ */
+static void test_message_before_arm_wakes_nobody_late(void **state)
+{
+    (void)state;
+    struct rs_sdp_sock *c, *s;
+    sdp_pair(&c, &s);
+    for (int round = 0; round < 3; round++) {
+        struct before_arm b = { .peer = s };
+        struct rs_sdp_stats before = sdp_stats(c);
+        rs_sdp_test_before_arm(send_before_arm, &b);
+        char got = 0;
+        ssize_t n = rs_sdp_recv(c, &got, 1, 0);
+        rs_sdp_test_before_arm(NULL, NULL);
+        struct rs_sdp_stats after = sdp_stats(c);
+        assert_int_equal(b.sent, 1);
+        assert_int_equal(n, 1);
+        assert_int_equal(got, 'w');
+        assert_true(b.calls >= 1);
+        /* taken by the look after the arm, not by a wake-up after a sleep */
+        assert_int_equal(after.app_sleeps, before.app_sleeps);
+    }
+    rs_sdp_close(c);
+    rs_sdp_close(s);
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -1384,6 +1432,7 @@ int main(void)
         cmocka_unit_test(test_exit_without_close_delivers),
         cmocka_unit_test(test_busy_poller_takes_cq_duty),
         cmocka_unit_test(test_readiness_waiter_keeps_cq_duty),
+        cmocka_unit_test(test_message_before_arm_wakes_nobody_late),
     };
     /* SDP_TEST_FILTER / SDP_TEST_SKIP: glob patterns on test names, to run a subset by hand */
     if (getenv("SDP_TEST_FILTER"))
