@@ -86,9 +86,22 @@ struct rs_fd_obj *rs_fd_get(int fd)
     return obj;
 }
 
-struct rs_fd_obj *rs_fd_get_type(int fd, enum rs_fd_type type)
+bool rs_fd_maybe(int fd, enum rs_fd_type type)
 {
     if (!rs_fd_any(type))
+        return false;
+    rs_slot *slot = slot_of(fd, false);
+    if (!slot)
+        return false;
+    /* rdmasock's own fds are told apart without locking the slot: the marker is static, so comparing its address
+     * needs no reference. */
+    uintptr_t v = __atomic_load_n(slot, __ATOMIC_RELAXED) & ~SLOT_LOCK;
+    return v != 0 && (type == RS_FD_INTERNAL) == (v == (uintptr_t)&internal_marker.base);
+}
+
+struct rs_fd_obj *rs_fd_get_type(int fd, enum rs_fd_type type)
+{
+    if (!rs_fd_maybe(fd, type))
         return NULL;
     struct rs_fd_obj *obj = rs_fd_get(fd);
     if (obj && obj->type != type) {

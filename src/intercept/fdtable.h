@@ -57,6 +57,10 @@ struct rs_fd_obj *rs_fd_clear(int fd);
 
 /* True when the process has ever had an entry of this type: a cheap test for fast paths that skip lookups. */
 bool rs_fd_any(enum rs_fd_type type);
+/* False when fd certainly has no entry of this type (no reference taken, no slot locked): the test every
+ * interposed data call makes first, since most fds it sees are not ours (a verbs device takes a write(2) per
+ * doorbell). True may still find another type, or nothing, once rs_fd_get_type looks under the slot lock. */
+bool rs_fd_maybe(int fd, enum rs_fd_type type);
 
 /* RS_FD_INTERNAL entries (one shared object per process). */
 void rs_fd_mark_internal(int fd);

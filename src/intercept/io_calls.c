@@ -28,10 +28,12 @@ struct io_target {
 
 static void target_of(int fd, struct io_target *t)
 {
-    memset(t, 0, sizeof(*t));
-    if (!rs_fd_any(RS_FD_SOCK))
-        return;
+    /* Most fds are not ours (a verbs device takes a write(2) per doorbell): the lookup comes first. */
     t->s = rs_isock_get(fd);
+    t->sdp = NULL;
+    t->dg = NULL;
+    t->inherited = false;
+    t->error = 0;
     if (!t->s)
         return;
     rs_isock_settle_connect(t->s, fd);
@@ -217,6 +219,8 @@ static bool rdma_target(int fd, struct io_target *t)
 #define IO_CALL(fd, t, real_call, rdma_call)            \
     do {                                                \
         ssize_t r_;                                     \
+        if (!rs_fd_maybe((fd), RS_FD_SOCK))             \
+            return real_call;                           \
         do {                                            \
             if (!rdma_target((fd), &(t)))               \
                 return real_call;                       \

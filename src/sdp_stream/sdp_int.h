@@ -30,6 +30,7 @@
 #define SDP_MIN_RBUF 4096u                      /* smallest receive buffer (BSDH included) */
 #define SDP_MAX_RBUF (64u * 1024u)
 #define SDP_RING_TARGET_BUFS 16u                /* the ring is split into about this many buffers */
+#define SDP_REPOST_MAX 16u                      /* receive buffers reposted in one chained request, at most */
 #define SDP_MIN_RX_BUFS 8u
 #define SDP_MAX_RX_BUFS 4096u
 #define SDP_HDR_SLOT 64u                        /* bytes of header space per send queue slot */
@@ -221,6 +222,8 @@ struct rs_sdp_sock {
     uint8_t *rbuf_mem;
     struct rs_rnic_mr *rbuf_mr;
     uint32_t rx_posted;
+    uint32_t *rx_repost;            /* buffers recv() emptied, reposted together (capacity nbufs) */
+    uint32_t rx_repost_n, rx_repost_batch;
     struct sdp_rx_entry *rxq;       /* FIFO of received data, capacity nbufs + 2 */
     uint32_t rxq_cap, rxq_head, rxq_count;
     uint64_t rx_bytes_queued;       /* what recv can return without waiting (SrcAvail bytes included) */
@@ -484,6 +487,9 @@ bool rs_sdp_tx_flushed(const struct rs_sdp_sock *s);
 
 /* ---- sdp_rx.c ---- */
 void rs_sdp_post_recv_buf(struct rs_sdp_sock *s, uint32_t idx);
+/* A buffer recv() emptied: reposted with others once rx_repost_batch have gathered (or the peer runs short). */
+void rs_sdp_rx_release_buf(struct rs_sdp_sock *s, uint32_t idx);
+void rs_sdp_rx_repost_flush(struct rs_sdp_sock *s);
 void rs_sdp_on_recv(struct rs_sdp_sock *s, const struct rs_rnic_wc *wc);
 void rs_sdp_rx_discard_all(struct rs_sdp_sock *s);
 

@@ -27,6 +27,41 @@ void rs_sdp_post_recv_buf(struct rs_sdp_sock *s, uint32_t idx)
         s->rx_posted++;
 }
 
+void rs_sdp_rx_repost_flush(struct rs_sdp_sock *s)
+{
+    uint32_t n = s->rx_repost_n;
+    s->rx_repost_n = 0;
+    if (n == 0 || !s->qp || s->cm_gone || s->state == SDP_ST_CLOSED)
+        return;
+    struct rs_rnic_sge sge[SDP_REPOST_MAX];
+    struct rs_rnic_recv_wr wr[SDP_REPOST_MAX];
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t idx = s->rx_repost[i];
+        sge[i] = (struct rs_rnic_sge){
+            .addr = (uint64_t)(uintptr_t)(s->rbuf_mem + (size_t)idx * s->rbuf_size), .length = s->rbuf_size,
+            .lkey = s->rbuf_mr->lkey,
+        };
+        wr[i] = (struct rs_rnic_recv_wr){ .next = i + 1 < n ? &wr[i + 1] : NULL, .wr_id = idx, .sg_list = &sge[i],
+                                          .num_sge = 1 };
+    }
+    struct rs_rnic_recv_wr *bad = NULL;
+    if (rs_rnic_post_recv(s->qp, wr, &bad) == 0)
+        s->rx_posted += n;
+    else if (bad)
+        s->rx_posted += (uint32_t)(bad - wr);
+}
+
+void rs_sdp_rx_release_buf(struct rs_sdp_sock *s, uint32_t idx)
+{
+    if (s->rx_repost_batch <= 1 || !s->rx_repost) {
+        rs_sdp_post_recv_buf(s, idx);
+        return;
+    }
+    s->rx_repost[s->rx_repost_n++] = idx;
+    if (s->rx_repost_n >= s->rx_repost_batch)
+        rs_sdp_rx_repost_flush(s);
+}
+
 static void protocol_error(struct rs_sdp_sock *s, const char *what, uint32_t v)
 {
     RS_WARN("sdp: protocol error from the peer (%s %u): resetting the connection", what, v);
@@ -307,7 +342,7 @@ static ssize_t copy_out(struct rs_sdp_sock *s, const struct iovec *iov, int iovc
             uint32_t buf = he->buf;
             s->rxq_head = (s->rxq_head + 1) % s->rxq_cap;
             s->rxq_count--;
-            rs_sdp_post_recv_buf(s, buf);
+            rs_sdp_rx_release_buf(s, buf);
             rs_sdp_credit_update_check(s);
         }
     }
@@ -324,7 +359,6 @@ ssize_t rs_sdp_recvmsg(struct rs_sdp_sock *s, const struct iovec *iov, int iovcn
     if (flags & (MSG_OOB | MSG_ERRQUEUE))
         return flags & MSG_ERRQUEUE ? -EAGAIN : -EINVAL;
     size_t total = iov_total(iov, iovcnt);
-    rs_sdp_get(s);
     pthread_mutex_lock(&s->lock);
     bool dontwait = s->nonblock || (flags & MSG_DONTWAIT);
     uint64_t deadline = !dontwait && s->rcvtimeo_ms > 0 ? rs_sdp_now_ms() + (uint64_t)s->rcvtimeo_ms : 0;
@@ -504,7 +538,6 @@ ssize_t rs_sdp_recvmsg(struct rs_sdp_sock *s, const struct iovec *iov, int iovcn
         rs_sdp_call_done(s);
     }
     pthread_mutex_unlock(&s->lock);
-    rs_sdp_put(s);
     return result;
 }
 

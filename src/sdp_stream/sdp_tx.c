@@ -294,9 +294,12 @@ void rs_sdp_credit_update_check(struct rs_sdp_sock *s)
     if ((s->state != SDP_ST_CONNECTED && s->state != SDP_ST_ACCEPTING) || s->broken || s->cm_gone ||
         !s->peer_rbuf_size)
         return;
-    int32_t posted = s->rx_posted > 0 ? (int32_t)s->rx_posted - 1 : 0;
     /* What the peer believes its credits are (at most: it may have sent more that we have not seen yet). */
     int32_t view = (int32_t)(s->adv_ack + s->adv_bufs - s->rx_mseq_last);
+    /* Emptied buffers wait to be reposted together, unless the peer is getting short of credits. */
+    if (s->rx_repost_n > 0 && view < (int32_t)(s->nbufs / 2))
+        rs_sdp_rx_repost_flush(s);
+    int32_t posted = s->rx_posted > 0 ? (int32_t)s->rx_posted - 1 : 0;
     int32_t reveal = posted - view;
     int32_t low = posted / 2 > 2 ? posted / 2 : 2;
     if (s->ack_owed && rs_sdp_seq_diff(s->adv_ack, s->rx_mseq_last) >= 0)
@@ -371,7 +374,6 @@ ssize_t rs_sdp_sendmsg(struct rs_sdp_sock *s, const struct iovec *iov, int iovcn
     if (flags & MSG_OOB)
         return -EOPNOTSUPP;
     size_t total = iov_total(iov, iovcnt);
-    rs_sdp_get(s);
     pthread_mutex_lock(&s->lock);
     bool dontwait = s->nonblock || (flags & MSG_DONTWAIT);
     uint64_t deadline = !dontwait && s->sndtimeo_ms > 0 ? rs_sdp_now_ms() + (uint64_t)s->sndtimeo_ms : 0;
@@ -526,7 +528,6 @@ ssize_t rs_sdp_sendmsg(struct rs_sdp_sock *s, const struct iovec *iov, int iovcn
         rs_sdp_z_record(s, sent - copy_measured, false, sent - copy_measured, rs_sdp_now_us() - copy_started_us);
     rs_sdp_call_done(s);
     pthread_mutex_unlock(&s->lock);
-    rs_sdp_put(s);
     if (epipe && !(flags & MSG_NOSIGNAL))
         raise_sigpipe();
     return result;
