@@ -42,6 +42,7 @@ struct rs_rnic_ops {
     int (*poll_cq)(struct rs_rnic_cq *cq, int n, struct rs_rnic_wc *wc);
     /* Optional (NULL: no fds, nothing to end): progress on the waiting thread (rnic.h). */
     int (*cq_wait_begin)(struct rs_rnic_cq *cq, int *fds, int max);
+    void (*cq_wait_recheck)(struct rs_rnic_cq *cq);
     void (*cq_wait_end)(struct rs_rnic_cq *cq);
     int (*create_srq)(struct rs_rnic_pd *pd, uint32_t max_wr, uint32_t max_sge, struct rs_rnic_srq **out);
     int (*destroy_srq)(struct rs_rnic_srq *srq);

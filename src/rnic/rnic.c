@@ -105,6 +105,12 @@ int rs_rnic_cq_wait_begin(struct rs_rnic_cq *cq, int *fds, int max)
     return cq->rnic->ops->cq_wait_begin(cq, fds, max);
 }
 
+void rs_rnic_cq_wait_recheck(struct rs_rnic_cq *cq)
+{
+    if (cq->rnic->ops->cq_wait_recheck)
+        cq->rnic->ops->cq_wait_recheck(cq);
+}
+
 void rs_rnic_cq_wait_end(struct rs_rnic_cq *cq)
 {
     if (cq->rnic->ops->cq_wait_end)

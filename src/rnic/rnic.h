@@ -212,6 +212,10 @@ int rs_rnic_poll_cq(struct rs_rnic_cq *cq, int n, struct rs_rnic_wc *wc);
  * bracket is told at once, so it never sleeps on such a completion.
  */
 int rs_rnic_cq_wait_begin(struct rs_rnic_cq *cq, int *fds, int max);
+/* Inside a bracket, before a poll that follows an earlier one after some time (a spin's next round, the look after
+ * an arm): the provider looks at its sources again even if an earlier poll of this bracket found them dry (soft:
+ * it reads the sockets once per bracket otherwise, so a spinning waiter would never receive). */
+void rs_rnic_cq_wait_recheck(struct rs_rnic_cq *cq);
 void rs_rnic_cq_wait_end(struct rs_rnic_cq *cq);
 
 /* ---- queue pairs and shared receive queues ---------------------------------------------------------------- */

@@ -118,6 +118,24 @@ struct sdp_waiter {
     bool fd_written;                /* a signal wrote its fd: read it back before the fd serves another wait */
 };
 
+/* A socket's spin policy under RDMASOCK_SPIN_US=auto (sdp_spin.c); socket lock. */
+struct sdp_spin_state {
+    uint16_t hist;                  /* recent spin outcomes, newest in bit 0: 1 caught, 0 missed */
+    uint8_t n;                      /* how many of hist's bits are outcomes (up to 16) */
+    uint8_t off_waits;              /* waits without a spin since the last probe */
+    bool probe_next;                /* a sleep ended soon: the next wait probes */
+    bool probing;                   /* the current wait's spin is a probe */
+    bool learning;                  /* the current wait's outcome is remembered (auto) */
+};
+
+enum sdp_spin_outcome {
+    SDP_SPIN_MISSED,                /* the budget ran out */
+    SDP_SPIN_CAUGHT_AT_ONCE,        /* signalled in the first round: it was there before the wait */
+    SDP_SPIN_CAUGHT,                /* signalled in a later round: the spin saved a sleep */
+    SDP_SPIN_ENDED_OTHERWISE,       /* the budget ran out after signals that brought a reader no data, or the
+                                     * connection left CONNECTED */
+};
+
 struct sdp_reg;             /* registration cache entry (sdp_regcache.c) */
 
 /* One opened RNIC, its PD and what every socket on it shares. Lives until process exit. */
@@ -332,6 +350,7 @@ struct rs_sdp_sock {
     uint32_t zc_lo, zc_hi;
 
     struct rs_sdp_stats stats;
+    struct sdp_spin_state spin;
     void *pw;                       /* progress watchers (sdp_progress.c) */
     /* prefork family (sdp_family.c): listeners and, for public_port, their children */
     struct sdp_family *fam;         /* the family's shared table; NULL when the listener is alone */
@@ -359,6 +378,18 @@ struct rs_sdp_sock {
     uint8_t redirects;
     struct sockaddr_storage dial;   /* where the current attempt goes (s->peer stays what the application named) */
 };
+
+/* ---- sdp_spin.c ---- */
+/* Lock held, at the start of a blocking wait on a connected socket: how long to spin (ns, 0: sleep at once). */
+uint64_t rs_sdp_spin_budget(struct rs_sdp_sock *s, bool rx_only);
+/* Lock held (dropped between rounds): polls until w is signalled or the budget is spent. in_bracket: the thread is
+ * between rs_rnic_cq_wait_begin and _end, so each round asks the RNIC to look at its sources again. */
+enum sdp_spin_outcome rs_sdp_spin(struct rs_sdp_sock *s, struct sdp_waiter *w, uint64_t budget_ns, bool in_bracket);
+/* Lock held: what the wait's spin found, or how long its sleep lasted (it had no spin). */
+void rs_sdp_spin_learn_spin(struct rs_sdp_sock *s, enum sdp_spin_outcome o);
+void rs_sdp_spin_learn_sleep(struct rs_sdp_sock *s, uint64_t slept_ns);
+bool rs_sdp_spin_auto(void);
+uint64_t rs_sdp_spin_clock_ns(void);
 
 /* ---- sdp_sock.c ---- */
 uint64_t rs_sdp_now_ms(void);

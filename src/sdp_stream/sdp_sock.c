@@ -264,63 +264,6 @@ void rs_sdp_signal(struct rs_sdp_sock *s)
 
 /* fds a CQ waiter watches for the RNIC (one connection: the soft RNIC asks for its QP's TCP socket, verbs none) */
 #define SDP_WAIT_RNIC_FDS 4
-#define SDP_SPIN_MAX_US 1000
-
-/*
- * RDMASOCK_SPIN_US (0..1000, default 0): how long a blocking call on a connected socket polls before it sleeps.
- * Off by default: it buys latency (a sleeping thread's wake-up costs more than a message on a fast link, and far
- * more in a VM) with CPU time, which only the operator can judge. rsockets spins 10 us by default.
- */
-static uint64_t spin_ns(void)
-{
-    static int64_t cached = -1;
-    int64_t v = __atomic_load_n(&cached, __ATOMIC_RELAXED);
-    if (v < 0) {
-        const char *e = getenv("RDMASOCK_SPIN_US");
-        long us = e ? strtol(e, NULL, 10) : 0;
-        if (us < 0)
-            us = 0;
-        if (us > SDP_SPIN_MAX_US)
-            us = SDP_SPIN_MAX_US;
-        v = (int64_t)us * 1000;
-        __atomic_store_n(&cached, v, __ATOMIC_RELAXED);
-    }
-    return (uint64_t)v;
-}
-
-static uint64_t mono_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
-/*
- * Polls (lock held on entry and exit, dropped between rounds so the progress thread and other callers get it)
- * until something signals this waiter or the budget is spent. True if it was signalled: no need to sleep.
- * While it spins a signal only sets w->signalled (no eventfd write, no read to take it back: two system calls per
- * message that a spinning thread does not need), and the clock is read every SPIN_CLOCK_ROUNDS rounds only:
- * under an emulated CPU whose clocksource is not in the vDSO (hpet under TCG) each read is a system call that
- * costs more than a round.
- */
-#define SPIN_CLOCK_ROUNDS 8u
-static bool spin_before_sleep(struct rs_sdp_sock *s, struct sdp_waiter *w, uint64_t budget_ns)
-{
-    uint64_t until = mono_ns() + budget_ns;
-    w->spinning = true;
-    for (unsigned round = 1;; round++) {
-        rs_sdp_progress(s);
-        if (w->signalled || s->state != SDP_ST_CONNECTED || (round % SPIN_CLOCK_ROUNDS == 0 && mono_ns() >= until)) {
-            w->spinning = false;
-            return w->signalled;
-        }
-        pthread_mutex_unlock(&s->lock);
-#if defined(__x86_64__) || defined(__i386__)
-        __builtin_ia32_pause();
-#endif
-        pthread_mutex_lock(&s->lock);
-    }
-}
 
 static bool deadline_ms_passed(uint64_t deadline_ms)
 {
@@ -384,10 +327,17 @@ static int wait_common(struct rs_sdp_sock *s, uint64_t deadline_ms, bool interru
             }
         }
     }
-    /* Inside the bracket, so on the soft RNIC the polls receive on this thread too. */
-    uint64_t budget = spin_ns();
-    bool spun = budget && s->cq && s->state == SDP_ST_CONNECTED && !deadline_ms_passed(deadline_ms) &&
-                spin_before_sleep(s, &w, budget);
+    /* Inside the bracket, so on the soft RNIC the polls receive on this thread too (sdp_spin.c). */
+    bool spun = false, time_sleep = false;
+    if (s->cq && s->state == SDP_ST_CONNECTED && !deadline_ms_passed(deadline_ms)) {
+        uint64_t budget = rs_sdp_spin_budget(s, rx_only);
+        time_sleep = !budget && s->spin.learning;
+        if (budget) {
+            enum sdp_spin_outcome o = rs_sdp_spin(s, &w, budget, waited_cq != NULL);
+            rs_sdp_spin_learn_spin(s, o);
+            spun = w.signalled;
+        }
+    }
     if (at_cq && !spun) {
         /* Arm, then look once more: what completed between the last poll (the spin's, or the caller's before it
          * came here) and the arm raises no event, and would wait for the progress thread's next look (up to
@@ -401,14 +351,20 @@ static int wait_common(struct rs_sdp_sock *s, uint64_t deadline_ms, bool interru
         rs_rnic_cq_arm(s->cq, solicited);
         if (s->state != SDP_ST_CLOSED) {
             w.spinning = true;
+            if (waited_cq)
+                rs_rnic_cq_wait_recheck(waited_cq);
             rs_sdp_progress(s);
             w.spinning = false;
             spun = w.signalled;
         }
     }
+    /* A sleep is timed only where auto spin learns from it (a clock read is a system call under TCG). */
+    uint64_t slept_from = 0;
     if (!spun) {
         s->stats.app_sleeps++;
         s->stats.app_sleeps_solicited += solicited;
+        if (time_sleep)
+            slept_from = rs_sdp_spin_clock_ns();
     }
     pthread_mutex_unlock(&s->lock);
     int result = 0;
@@ -441,6 +397,8 @@ static int wait_common(struct rs_sdp_sock *s, uint64_t deadline_ms, bool interru
     for (int i = 2; i < nfds; i++)
         rnic_ready = rnic_ready || pfd[i].revents != 0;
     pthread_mutex_lock(&s->lock);
+    if (slept_from && result == 0)
+        rs_sdp_spin_learn_sleep(s, rs_sdp_spin_clock_ns() - slept_from);
     if (at_cq)
         s->cq_waiters--;
     for (struct sdp_waiter **pp = &s->waiters; *pp; pp = &(*pp)->next) {

@@ -330,6 +330,7 @@ void rs_soft_cq_note_deadline(struct rs_soft_cq *cq, uint64_t deadline_ns);
 /* rnic.h's rs_rnic_cq_wait_begin/_end: the sockets of the attached RC QPs that receive into cq, and the count the
  * RC half reads (rs_soft_cq_has_blocked_waiter) to leave those sockets to the waiters. */
 int rs_soft_cq_wait_begin(struct rs_rnic_cq *cq, int *fds, int max);
+void rs_soft_cq_wait_recheck(struct rs_rnic_cq *cq);
 void rs_soft_cq_wait_end(struct rs_rnic_cq *cq);
 static inline bool rs_soft_cq_has_blocked_waiter(const struct rs_soft_cq *cq)
 {

@@ -488,6 +488,15 @@ int rs_soft_cq_wait_begin(struct rs_rnic_cq *pcq, int *fds, int max)
     return n;
 }
 
+void rs_soft_cq_wait_recheck(struct rs_rnic_cq *pcq)
+{
+    /* Time has passed since the poll that found every socket dry: read them again on the next poll. Without this
+     * a spinning waiter polled an empty CQ until its budget ran out while the progress thread, which leaves a
+     * bracket's sockets to the waiter, read nothing either: the reply waited for the sleep that followed. */
+    if (waiting_cq == rs_soft_cq(pcq))
+        waiting_drained = false;
+}
+
 void rs_soft_cq_wait_end(struct rs_rnic_cq *pcq)
 {
     struct rs_soft_cq *cq = rs_soft_cq(pcq);

@@ -29,6 +29,7 @@ static const struct rs_rnic_ops soft_ops = {
     .cq_ack_events = rs_soft_cq_ack_events,
     .poll_cq = rs_soft_poll_cq,
     .cq_wait_begin = rs_soft_cq_wait_begin,
+    .cq_wait_recheck = rs_soft_cq_wait_recheck,
     .cq_wait_end = rs_soft_cq_wait_end,
     .create_srq = rs_soft_create_srq,
     .destroy_srq = rs_soft_destroy_srq,
