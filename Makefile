@@ -22,7 +22,10 @@ WARNINGS    := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototypes -
                $(if $(WERROR),-Werror)
 CPPFLAGS    += -Isrc -Iinclude -D_GNU_SOURCE -DRS_VERSION=\"$(VERSION)\"
 CFLAGS      ?= -O2 -g
-CFLAGS      += -std=gnu11 -fPIC -fvisibility=hidden -pthread $(WARNINGS)
+# Thread-local variables use the initial-exec model: the library is preloaded (its TLS is in the static block), and
+# the default model for -fPIC code calls __tls_get_addr on every access, which the soft RNIC's CQ poll and the
+# blocking waits make on every call. The memory and signal hooks needed initial-exec already.
+CFLAGS      += -std=gnu11 -fPIC -fvisibility=hidden -pthread -ftls-model=initial-exec $(WARNINGS)
 # The preloaded library is optimised across files at link time: one socket call crosses the interposer, SDP, the
 # RNIC layer and the provider, and the calls between them cost more than their bodies, most of all under an
 # emulated CPU (64 B rstream ping-pong over rxe under TCG, one boot: 25-34 us per transfer without, 19-21 us with;

@@ -65,7 +65,8 @@ verdict() {     # RATIO OP GOAL
     echo "| calls | measure | size | SDP | rsockets | ratio | verdict | rxe packets |"
     echo "|---|---|---|---|---|---|---|---|"
     for calls in default blocking blocking-spin; do
-        # blocking-spin: SDP with RDMASOCK_SPIN_US (rsockets spins 10 us by default before it sleeps)
+        # blocking: SDP's default adaptive spin (RDMASOCK_SPIN_US=auto); blocking-spin: SDP with RDMASOCK_SPIN_US
+        # set to RS_SDP_SPIN_US (default 0, no spin). rsockets spins 10 us by default before it sleeps.
         rc=${calls%-spin}
         s=$(med rstream_lat "sdp-$calls" 64 us_per_xfer); p=$(med rstream_lat "rsockets-$rc" 64 us_per_xfer)
         r=$(ratio "$s" "$p")

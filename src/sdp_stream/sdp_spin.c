@@ -5,11 +5,12 @@
  * emulated CPU about 120-150 us against 12-20 us for a 64 B transfer over rxe), so a reply that comes soon is
  * cheaper to poll for. Polling for one that comes late only burns CPU. RDMASOCK_SPIN_US chooses:
  *
- *   auto (the default)  each socket learns from its own waits: it spins SDP_SPIN_AUTO_US while at least a quarter
- *                       of its recent spins caught their message, and not at all otherwise, except for a probe
- *                       (longer, SDP_SPIN_PROBE_US) once in SDP_SPIN_PROBE_EVERY waits, or on the wait after a
- *                       sleep that ended within SDP_SPIN_NEAR_US (the message came soon: a spin might have caught
- *                       it). A probe that catches starts the socket's learning afresh, spinning.
+ *   auto (the default)  a reader waiting for the peer's data spins (no other wait does), and each socket learns
+ *                       from those waits: it spins SDP_SPIN_AUTO_US while at least a quarter of its recent spins
+ *                       caught their message, and not at all otherwise, except for a probe (longer,
+ *                       SDP_SPIN_PROBE_US) once in SDP_SPIN_PROBE_EVERY waits, or on the wait after a sleep that
+ *                       ended within SDP_SPIN_NEAR_US (the message came soon: a spin might have caught it). A
+ *                       probe that catches starts the socket's learning afresh, spinning.
  *   0 .. 1000           a fixed spin of that many microseconds on every wait (0: never).
  *
  * A catch in the first round teaches nothing: the message was there before the wait began. A bad value is refused
@@ -81,16 +82,17 @@ uint64_t rs_sdp_spin_budget(struct rs_sdp_sock *s, bool rx_only)
     int64_t v = spin_setting();
     struct sdp_spin_state *st = &s->spin;
     st->probing = false;
-    /* Only a reader waiting for the peer's data teaches the policy: that is the wait a spin shortens in a
-     * request-response exchange. Other waits (send space, a busy receive queue, the close handshake) spin while the
-     * policy is on and never probe. */
+    /* Auto spins for a reader waiting for the peer's data only, and learns from it: that is the wait a spin
+     * shortens in a request-response exchange. Other waits (send space in a bulk transfer, a busy receive queue,
+     * the close handshake) sleep: a sender that never reads would never learn, and its spin would take a CPU from
+     * the receiver or, under rxe, from the kernel work that frees its send space. */
     st->learning = v == SPIN_AUTO && rx_only;
     if (v != SPIN_AUTO)
         return (uint64_t)v;
-    if (auto_on(st))
-        return (uint64_t)SDP_SPIN_AUTO_US * 1000u;
     if (!rx_only)
         return 0;
+    if (auto_on(st))
+        return (uint64_t)SDP_SPIN_AUTO_US * 1000u;
     if (st->probe_next || ++st->off_waits >= SDP_SPIN_PROBE_EVERY) {
         st->probe_next = false;
         st->off_waits = 0;

@@ -3,7 +3,7 @@
  * stops when they do not. This binary runs with the variable unset and checks the policy's three promises on one
  * connection, with every byte checked: a peer that answers at once is caught by the spin (few sleeps); a peer that
  * answers after 2 ms turns the spin off (a bounded number of spins, so a slow peer costs almost no CPU); and when
- * the peer answers at once again the spin comes back. Both ends run in this process, on the soft RNIC (or
+ * the peer answers at once again the spin comes back; a sender waiting for send space never spins. Both ends run in this process, on the soft RNIC (or
  * RS_RNIC_KIND). Counts only, no timing assertions: the 50 us spin and the 2 ms gap are far apart.
  */
 #include "test_sdp_util.h"
@@ -94,12 +94,64 @@ static void test_auto_spin_follows_the_peer(void **state)
     assert_int_equal(rs_sdp_close(s), 0);
 }
 
+struct slow_reader_arg {
+    struct rs_sdp_sock *s;
+    size_t len;
+};
+
+static void *slow_reader(void *p)
+{
+    struct slow_reader_arg *a = p;
+    uint8_t *buf = malloc(a->len);
+    size_t off = 0;
+    while (off < a->len) {
+        usleep(2000);
+        ssize_t n = rs_sdp_recv(a->s, buf + off, a->len - off > 65536 ? 65536 : a->len - off, 0);
+        if (n <= 0)
+            break;
+        off += (size_t)n;
+    }
+    long bad = off != a->len || check_pattern(buf, a->len, 7, 0) != -1;
+    free(buf);
+    return (void *)bad;
+}
+
+/* A sender waiting for send space never spins under auto: it never reads, so it would never learn, and its spin
+ * would take a CPU from the receiver. 4 MiB to a reader that takes 64 KiB every 2 ms: the sender waits, and sleeps. */
+static void test_auto_sender_sleeps(void **state)
+{
+    (void)state;
+    struct rs_sdp_sock *c, *s;
+    sdp_pair(&c, &s);
+    size_t len = 4u << 20;
+    uint8_t *out = malloc(len);
+    fill_pattern(out, len, 7, 0);
+    struct slow_reader_arg arg = { .s = s, .len = len };
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, slow_reader, &arg), 0);
+    struct rs_sdp_stats before = sdp_stats(c);
+    send_all(c, out, len);
+    void *ret;
+    assert_int_equal(pthread_join(t, &ret), 0);
+    assert_null(ret);
+    struct rs_sdp_stats after = sdp_stats(c);
+    print_message("# 4 MiB to a slow reader: the sender slept %llu times, spun %llu times\n",
+                  (unsigned long long)(after.app_sleeps - before.app_sleeps),
+                  (unsigned long long)(after.spins - before.spins));
+    assert_true(after.app_sleeps > before.app_sleeps);
+    assert_int_equal(after.spins, before.spins);
+    free(out);
+    assert_int_equal(rs_sdp_close(c), 0);
+    assert_int_equal(rs_sdp_close(s), 0);
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
     unsetenv("RDMASOCK_SPIN_US");
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_auto_spin_follows_the_peer),
+        cmocka_unit_test(test_auto_sender_sleeps),
     };
     return cmocka_run_group_tests_name("sdp_spin_auto", tests, NULL, NULL);
 }

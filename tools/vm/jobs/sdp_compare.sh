@@ -6,8 +6,8 @@
 #   2. rsockets vs SDP with ONE program: rstream (librdmacm's rsockets benchmark) natively, and `rstream -T s`
 #      (plain socket calls) under rdmasock's preload, where its TCP sockets become SDP on rxe0. Same flags, same
 #      measure: 64 B ping-pong (-C 1) and bulk transfers (-C 100) of 64 KiB and 1 MiB, default (nonblocking,
-#      spinning) and blocking (-T b) calls; blocking once more with RDMASOCK_SPIN_US=$RS_SDP_SPIN_US (default 10,
-#      what rsockets spins by default before it sleeps) for SDP.
+#      spinning) and blocking (-T b) calls; blocking once more with RDMASOCK_SPIN_US=$RS_SDP_SPIN_US for SDP
+#      (default 0: no spin, the default before the adaptive one; rsockets spins 10 us by default).
 # Writes compare.csv (test,variant,size,metric,value) and every tool's raw output into RS_VM_OUT.
 
 # shellcheck source=../lib.sh
@@ -53,7 +53,7 @@ done
 
 # 2. rstream natively (rsockets) and with -T s under rdmasock (SDP). rstream prints
 #    name bytes xfers iters total time Gb/sec usec/xfer (both directions counted).
-spin=${RS_SDP_SPIN_US:-10}
+spin=${RS_SDP_SPIN_US:-0}
 # rxe's packets sent so far: each run records how many it made, the evidence that it went over RDMA at all (a
 # socket left on the kernel would make none).
 rxe_sent() { rdma statistic show link "$dev/1" 2>/dev/null | grep -Eo 'sent_pkts [0-9]+' | awk '{ print $2 }'; }
