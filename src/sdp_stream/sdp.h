@@ -215,7 +215,7 @@ struct rs_sdp_stats {
     uint64_t app_sleeps_solicited;                  /* ... of which woken by the peer's messages only */
     uint64_t quiet_sends;                           /* small Data messages posted without a completion */
     uint64_t spins;                                 /* blocking waits that polled before sleeping */
-    uint64_t spin_catches;                          /* ... and ended without a sleep (RDMASOCK_SPIN_US) */
+    uint64_t spin_catches;                          /* ... whose spin got what it waited for (RDMASOCK_SPIN_US) */
 };
 
 int rs_sdp_setsockopt(struct rs_sdp_sock *s, int level, int name, const void *val, socklen_t len);

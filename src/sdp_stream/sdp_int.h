@@ -388,7 +388,6 @@ enum sdp_spin_outcome rs_sdp_spin(struct rs_sdp_sock *s, struct sdp_waiter *w, u
 /* Lock held: what the wait's spin found, or how long its sleep lasted (it had no spin). */
 void rs_sdp_spin_learn_spin(struct rs_sdp_sock *s, enum sdp_spin_outcome o);
 void rs_sdp_spin_learn_sleep(struct rs_sdp_sock *s, uint64_t slept_ns);
-bool rs_sdp_spin_auto(void);
 uint64_t rs_sdp_spin_clock_ns(void);
 
 /* ---- sdp_sock.c ---- */

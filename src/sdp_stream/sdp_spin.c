@@ -132,11 +132,6 @@ void rs_sdp_spin_learn_sleep(struct rs_sdp_sock *s, uint64_t slept_ns)
         st->probe_next = true;
 }
 
-bool rs_sdp_spin_auto(void)
-{
-    return spin_setting() == SPIN_AUTO;
-}
-
 uint64_t rs_sdp_spin_clock_ns(void)
 {
     return mono_ns();
