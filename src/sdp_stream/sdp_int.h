@@ -387,8 +387,7 @@ uint64_t rs_sdp_spin_budget(struct rs_sdp_sock *s, bool rx_only);
 enum sdp_spin_outcome rs_sdp_spin(struct rs_sdp_sock *s, struct sdp_waiter *w, uint64_t budget_ns, bool in_bracket);
 /* Lock held: what the wait's spin found, or how long its sleep lasted (it had no spin). */
 void rs_sdp_spin_learn_spin(struct rs_sdp_sock *s, enum sdp_spin_outcome o);
-void rs_sdp_spin_learn_sleep(struct rs_sdp_sock *s, uint64_t slept_ns);
-uint64_t rs_sdp_spin_clock_ns(void);
+void rs_sdp_spin_learn_sleep(struct rs_sdp_sock *s, uint64_t slept_us);
 
 /* ---- sdp_sock.c ---- */
 uint64_t rs_sdp_now_ms(void);

@@ -364,7 +364,7 @@ static int wait_common(struct rs_sdp_sock *s, uint64_t deadline_ms, bool interru
         s->stats.app_sleeps++;
         s->stats.app_sleeps_solicited += solicited;
         if (time_sleep)
-            slept_from = rs_sdp_spin_clock_ns();
+            slept_from = rs_sdp_now_us();
     }
     pthread_mutex_unlock(&s->lock);
     int result = 0;
@@ -398,7 +398,7 @@ static int wait_common(struct rs_sdp_sock *s, uint64_t deadline_ms, bool interru
         rnic_ready = rnic_ready || pfd[i].revents != 0;
     pthread_mutex_lock(&s->lock);
     if (slept_from && result == 0)
-        rs_sdp_spin_learn_sleep(s, rs_sdp_spin_clock_ns() - slept_from);
+        rs_sdp_spin_learn_sleep(s, rs_sdp_now_us() - slept_from);
     if (at_cq)
         s->cq_waiters--;
     for (struct sdp_waiter **pp = &s->waiters; *pp; pp = &(*pp)->next) {

@@ -20,7 +20,6 @@
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "common/log.h"
 #include "sdp_stream/sdp_int.h"
@@ -56,13 +55,6 @@ static int64_t spin_setting(void)
     }
     __atomic_store_n(&cached, v, __ATOMIC_RELAXED);
     return v;
-}
-
-static uint64_t mono_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
 static bool auto_on(const struct sdp_spin_state *st)
@@ -126,16 +118,11 @@ void rs_sdp_spin_learn_spin(struct rs_sdp_sock *s, enum sdp_spin_outcome o)
     remember(st, o == SDP_SPIN_CAUGHT);
 }
 
-void rs_sdp_spin_learn_sleep(struct rs_sdp_sock *s, uint64_t slept_ns)
+void rs_sdp_spin_learn_sleep(struct rs_sdp_sock *s, uint64_t slept_us)
 {
     struct sdp_spin_state *st = &s->spin;
-    if (st->learning && !auto_on(st) && slept_ns <= (uint64_t)SDP_SPIN_NEAR_US * 1000u)
+    if (st->learning && !auto_on(st) && slept_us <= SDP_SPIN_NEAR_US)
         st->probe_next = true;
-}
-
-uint64_t rs_sdp_spin_clock_ns(void)
-{
-    return mono_ns();
 }
 
 /*
@@ -152,7 +139,7 @@ uint64_t rs_sdp_spin_clock_ns(void)
  */
 enum sdp_spin_outcome rs_sdp_spin(struct rs_sdp_sock *s, struct sdp_waiter *w, uint64_t budget_ns, bool in_bracket)
 {
-    uint64_t until = mono_ns() + budget_ns;
+    uint64_t until = rs_sdp_now_us() + budget_ns / 1000u;
     bool other = false;
     w->spinning = true;
     for (unsigned round = 1;; round++) {
@@ -167,7 +154,7 @@ enum sdp_spin_outcome rs_sdp_spin(struct rs_sdp_sock *s, struct sdp_waiter *w, u
             other = true;
         }
         if (w->signalled || s->state != SDP_ST_CONNECTED ||
-            (round % SDP_SPIN_CLOCK_ROUNDS == 0 && mono_ns() >= until)) {
+            (round % SDP_SPIN_CLOCK_ROUNDS == 0 && rs_sdp_now_us() >= until)) {
             w->spinning = false;
             if (w->signalled)
                 return round == 1 ? SDP_SPIN_CAUGHT_AT_ONCE : SDP_SPIN_CAUGHT;
