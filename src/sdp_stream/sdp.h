@@ -259,4 +259,10 @@ void rs_sdp_mem_unmapped(const void *addr, size_t len);
  */
 void rs_sdp_test_before_arm(void (*fn)(void *), void *arg);
 
+/*
+ * TEST ONLY: while held, a connecting socket leaves its CM events (the HelloAck's ESTABLISHED) unread, so a test can
+ * deliver the peer's first messages before them, as a fast peer can on any device.
+ */
+void rs_sdp_test_hold_established(bool hold);
+
 #endif /* RS_SDP_STREAM_SDP_H */

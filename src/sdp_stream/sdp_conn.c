@@ -979,6 +979,16 @@ static void on_cm_event(struct rs_sdp_sock *s, struct rs_rnic_cm_event *ev)
             learn_local_addr(s);
             s->last_rx_ms = rs_sdp_now_ms();
             s->dirty = true;
+            if (s->hb.early_suspend) {
+                s->hb.early_suspend = false;
+                if (!s->peer_handback) {
+                    RS_WARN("sdp: protocol error from the peer (SuspComm, but its HelloAck has no hand-back): resetting the "
+                            "connection");
+                    rs_sdp_fail(s, EPROTO, true);
+                    return;
+                }
+                rs_sdp_hb_on_suspend(s, s->hb.early_service_id);
+            }
         } else if (s->state == SDP_ST_ACCEPTING) {
             s->state = SDP_ST_CONNECTED;
             learn_local_addr(s);
@@ -1028,9 +1038,18 @@ static void on_cm_event(struct rs_sdp_sock *s, struct rs_rnic_cm_event *ev)
 
 /* ---- the progress step ---- */
 
+static bool test_hold_established;
+
+void rs_sdp_test_hold_established(bool hold)
+{
+    __atomic_store_n(&test_hold_established, hold, __ATOMIC_RELEASE);
+}
+
 /* Both return whether they found anything. */
 static bool process_cm(struct rs_sdp_sock *s)
 {
+    if (s->state == SDP_ST_CONNECTING && __atomic_load_n(&test_hold_established, __ATOMIC_ACQUIRE))
+        return false;
     bool found = false;
     struct rs_rnic_cm_event ev;
     while (s->cm && rs_rnic_cm_get_event(s->cm, &ev) == 0) {

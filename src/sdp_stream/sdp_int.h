@@ -372,6 +372,8 @@ struct rs_sdp_sock {
         bool ack_rcvd;              /* initiator: the peer's SuspCommAck arrived (all its data is in our ring) */
         bool fd_taken;
         uint64_t service_id;        /* token << 16 | port, as in the SuspComm */
+        bool early_suspend;         /* active side: the peer's SuspComm came before its HelloAck was applied */
+        uint64_t early_service_id;  /* that SuspComm's service id, answered once the HelloAck says hand-back */
         int fd;                     /* the kernel socket once DONE (-1 before, or after it was taken) */
     } hb;
     /* active side: redirects followed by the current connect */

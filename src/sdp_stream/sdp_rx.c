@@ -199,6 +199,15 @@ void rs_sdp_on_recv(struct rs_sdp_sock *s, const struct rs_rnic_wc *wc)
     case RS_SDP_MID_SUSPEND_ACK: {
         uint64_t id = h.mid == RS_SDP_MID_SUSPEND ? rs_sdp_suspend_decode(buf) : 0;
         rs_sdp_post_recv_buf(s, idx);
+        if (!s->peer_handback && s->state == SDP_ST_CONNECTING && h.mid == RS_SDP_MID_SUSPEND &&
+            !s->hb.early_suspend) {
+            /* The peer is connected and may hand back at once (a server that forks and closes), so its SuspComm
+             * can complete here before the CM event carrying its HelloAck, which says whether it may: answer it
+             * when that comes (on_cm_event). */
+            s->hb.early_suspend = true;
+            s->hb.early_service_id = id;
+            return;
+        }
         if (!s->peer_handback) {
             protocol_error(s, "hand-back never announced, mid", h.mid);
             return;

@@ -334,6 +334,59 @@ static void test_handback_blocked_callers(void **state)
     rs_sdp_close(s);
 }
 
+/*
+ * The server hands back the moment it accepts (it forked and closed its copy), so its SuspComm reaches the client
+ * before the CM event that carries its HelloAck, which is what says the server may hand back at all. The client
+ * keeps the SuspComm until then and answers it; it used to call it a protocol error and fail its connect (EPROTO).
+ */
+/* A failed check leaves the test early: later tests must connect normally. */
+static int release_established(void **state)
+{
+    (void)state;
+    rs_sdp_test_hold_established(false);
+    return 0;
+}
+
+static void test_handback_before_established(void **state)
+{
+    (void)state;
+    struct sockaddr_in addr;
+    struct rs_sdp_sock *l = sdp_listener(&addr), *c, *s;
+    assert_int_equal(rs_sdp_socket(AF_INET, sdp_kind(), RS_SDP_NONBLOCK, &c), 0);
+    rs_sdp_test_hold_established(true);
+    assert_int_equal(rs_sdp_connect(c, (struct sockaddr *)&addr, sizeof(addr)), -EINPROGRESS);
+    assert_int_equal(rs_sdp_accept(l, 0, &s, NULL, NULL), 0);
+    rs_sdp_close(l);
+    struct crossing xs = { s, -1 };
+    pthread_t ts;
+    assert_int_equal(pthread_create(&ts, NULL, handback_thread, &xs), 0);
+    /* The SuspComm arrives while the client still waits for its connection. */
+    uint64_t until = now_ms() + WAIT_MS;
+    while (sdp_stats(c).msgs_received == 0 && now_ms() < until) {
+        rs_sdp_poll(c);
+        usleep(1000);
+    }
+    assert_true(sdp_stats(c).msgs_received > 0);
+    assert_int_equal(rs_sdp_send(c, "x", 1, MSG_NOSIGNAL), -EAGAIN);      /* not connected yet */
+    rs_sdp_test_hold_established(false);
+    int fd_c = take_fd(c);
+    pthread_join(ts, NULL);
+    if (xs.fd < 0)
+        fail_msg("the server's rs_sdp_handback: %s", strerror(-xs.fd));
+    check_kernel_socket(fd_c);
+    check_kernel_socket(xs.fd);
+    struct dir c2s = { 41, 0 }, c2s_rx = c2s, s2c = { 42, 0 }, s2c_rx = s2c;
+    fd_write(fd_c, &c2s, 100000);
+    fd_write(xs.fd, &s2c, 100000);
+    fd_read(xs.fd, &c2s_rx, 100000);
+    fd_read(fd_c, &s2c_rx, 100000);
+    close(fd_c);
+    fd_expect_eof(xs.fd);
+    close(xs.fd);
+    rs_sdp_close(c);
+    rs_sdp_close(s);
+}
+
 /* What cannot be handed back says so and changes nothing. */
 static void test_handback_refused(void **state)
 {
@@ -366,6 +419,7 @@ int main(void)
         cmocka_unit_test(test_handback_after_shutdown),
         cmocka_unit_test(test_handback_both_start),
         cmocka_unit_test(test_handback_blocked_callers),
+        cmocka_unit_test_teardown(test_handback_before_established, release_established),
         cmocka_unit_test(test_handback_refused),
     };
     return cmocka_run_group_tests_name("sdp_handback", tests, NULL, NULL);
