@@ -402,6 +402,9 @@ static int make_sdp(struct rs_isock *s, int fd, int family, bool nonblock, struc
             threshold = 0;
         else if (s->rule->zcopy_threshold != RS_CONFIG_DEFAULT_ZCOPY_THRESHOLD)
             threshold = (int)s->rule->zcopy_threshold;
+        else if (s->rule->stream == RS_STREAM_ZCOPY)
+            threshold = RS_SDP_ZCOPY_DEFAULT_THRESHOLD;     /* asked for: on any RNIC, not only where it is the
+                                                              * default */
         if (threshold >= 0)
             (void)rs_sdp_setsockopt(sdp, RS_SOL_SDP, RS_SDP_ZCOPY_THRESHOLD, &threshold, sizeof(threshold));
     }

@@ -85,6 +85,9 @@ struct rs_rnic_caps {
     bool has_native_write_record;   /* soft: native; verbs: emulated (see docs) */
     bool mr_pins_pages;             /* a memory region keeps the pages mapped when it was made (verbs without
                                      * on-demand paging); the soft RNIC resolves addresses at each access */
+    bool copies_payload;            /* every payload byte passes through the CPU and a kernel socket anyway
+                                     * (soft), so a protocol that lends a buffer instead of copying it saves
+                                     * less than on a device that places data itself */
 };
 
 /*

@@ -47,9 +47,18 @@ static uint32_t rdma_cap(const struct rs_sdp_sock *s, uint64_t n)
     return n < max ? (uint32_t)n : max;
 }
 
+/*
+ * Zero copy is off by default on an RNIC that copies every payload byte itself (the soft RNIC): lending a buffer
+ * saves the two ring copies there, but each blocking write then waits for a SrcAvail / READ / RdmaRdCompl round
+ * trip (a sink, for the reader's next advertisement), and copying measured faster at every size (docs/sdp.md,
+ * "Measured"). The per-write measurements of the adaptivity could not tell: each write's own time looked alike
+ * while the stream ran 10-40% slower. A threshold set by the application or a rule still turns it on.
+ */
 uint32_t rs_sdp_zthresh(const struct rs_sdp_sock *s)
 {
     if (!s->peer_zcopy || s->zcopy_opt == 0 || s->broken)
+        return 0;
+    if (s->zcopy_opt < 0 && s->dev->caps->copies_payload)
         return 0;
     uint32_t base = s->zcopy_opt > 0 ? (uint32_t)s->zcopy_opt : RS_SDP_ZCOPY_DEFAULT_THRESHOLD;
     if (!s->zcopy_adaptive || s->zthresh == 0)

@@ -20,6 +20,12 @@ static void zcopy_64k_fixed(struct rs_sdp_sock *s)
     set_int(s, RS_SOL_SDP, RS_SDP_ZCOPY_ADAPTIVE, 0);
 }
 
+/* The default threshold, asked for: adaptive, and on whatever the RNIC. */
+static void adaptive_64k(struct rs_sdp_sock *s)
+{
+    set_int(s, RS_SOL_SDP, RS_SDP_ZCOPY_THRESHOLD, 65536);
+}
+
 struct reader {
     struct rs_sdp_sock *s;
     uint8_t *buf;
@@ -150,6 +156,18 @@ static void test_switch_over(void **state)
     rs_sdp_close(a);
 }
 
+/* One blocking write of len bytes to a reader that starts 50 ms later, checked. */
+static void send_to_reader(struct rs_sdp_sock *c, struct rs_sdp_sock *a, const uint8_t *data, uint8_t *got, size_t len)
+{
+    struct reader r = { a, got, len, 50, 0, 0, 0, 0 };
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, reader_main, &r), 0);
+    send_all(c, data, len);
+    pthread_join(t, NULL);
+    assert_int_equal(r.error, 0);
+    assert_memory_equal(got, data, len);
+}
+
 static void test_threshold_option(void **state)
 {
     (void)state;
@@ -173,14 +191,11 @@ static void test_threshold_option(void **state)
     size_t len = 1u << 20;
     uint8_t *data = malloc(len), *got = malloc(len);
     fill_pattern(data, len, 24, 0);
-    struct reader r = { a, got, len, 50, 0, 0, 0, 0 };
-    pthread_t t;
-    assert_int_equal(pthread_create(&t, NULL, reader_main, &r), 0);
-    send_all(c, data, len);
-    pthread_join(t, NULL);
-    assert_memory_equal(got, data, len);
+    send_to_reader(c, a, data, got, len);
     struct rs_sdp_stats sc = sdp_stats(c), sa = sdp_stats(a);
     assert_int_equal(sc.src_avail_sent + sa.sink_avail_sent, 0);
+    pthread_t t;
+    struct reader r;
     assert_int_equal(sc.zcopy_threshold_now, 0);
 
     /* 256 KiB: writes of 128 KiB are copied, 512 KiB ones are lent */
@@ -201,6 +216,41 @@ static void test_threshold_option(void **state)
     free(got);
     rs_sdp_close(c);
     rs_sdp_close(a);
+}
+
+/*
+ * The default follows the RNIC: off on the soft RNIC, which copies every byte anyway and where copying measured
+ * faster (rs_sdp_zthresh), on (adaptive, from 64 KiB) over verbs, where an unmeasured method is tried first so the
+ * first large write is lent. A threshold the application sets turns it on anywhere.
+ */
+static void test_default_follows_rnic(void **state)
+{
+    (void)state;
+    size_t len = 1u << 20;
+    uint8_t *data = malloc(len), *got = malloc(len);
+    fill_pattern(data, len, 26, 0);
+    for (int asked = 0; asked < 2; asked++) {
+        struct rs_sdp_sock *c, *a;
+        sdp_pair_opts(&c, &a, asked ? adaptive_64k : NULL);
+        memset(got, 0, len);
+        send_to_reader(c, a, data, got, len);
+        struct rs_sdp_stats sc = sdp_stats(c), sa = sdp_stats(a);
+        uint64_t lent = sc.src_avail_sent + sa.sink_avail_sent;
+        print_message("# %s threshold: %llu SrcAvail + SinkAvail, threshold now %u\n", asked ? "asked-for" : "default",
+                      (unsigned long long)lent, sc.zcopy_threshold_now);
+        if (asked || sdp_kind() == RS_RNIC_KIND_VERBS) {
+            assert_true(lent >= 1);
+            assert_true(sc.zcopy_threshold_now >= RS_SDP_ZCOPY_DEFAULT_THRESHOLD);
+        } else {
+            assert_int_equal(lent, 0);
+            assert_int_equal(sc.zcopy_threshold_now, 0);
+        }
+        assert_int_equal(get_int(c, RS_SOL_SDP, RS_SDP_ZCOPY_THRESHOLD), asked ? 65536 : -1);
+        rs_sdp_close(c);
+        rs_sdp_close(a);
+    }
+    free(data);
+    free(got);
 }
 
 static void test_peek_and_small_reads_get_sendsm(void **state)
@@ -485,21 +535,14 @@ static void test_regcache_unmapped(void **state)
     uint8_t *m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     assert_true(m != MAP_FAILED);
     fill_pattern(m, len, 29, 0);
-    struct reader r = { a, got, len, 50, 0, 0, 0, 0 };
-    pthread_t t;
     /* first use: registered (a miss) */
-    assert_int_equal(pthread_create(&t, NULL, reader_main, &r), 0);
-    send_all(c, m, len);
-    pthread_join(t, NULL);
-    assert_memory_equal(got, m, len);
+    send_to_reader(c, a, m, got, len);
     struct rs_sdp_stats s0 = sdp_stats(c);
     assert_int_equal(s0.src_avail_sent, 1);
     /* same buffer again: the cached registration (a hit); a device that pins pages keeps nothing idle (no hook
      * sees glibc's free() unmap a chunk, sdp_regcache.c), so there it is registered again (a miss) */
     bool pins = sdp_kind() == RS_RNIC_KIND_VERBS;
-    assert_int_equal(pthread_create(&t, NULL, reader_main, &r), 0);
-    send_all(c, m, len);
-    pthread_join(t, NULL);
+    send_to_reader(c, a, m, got, len);
     struct rs_sdp_stats s1 = sdp_stats(c);
     assert_true(s1.regcache_hits == s0.regcache_hits + (pins ? 0 : 1));
     assert_true(s1.regcache_misses == s0.regcache_misses + (pins ? 1 : 0));
@@ -509,13 +552,8 @@ static void test_regcache_unmapped(void **state)
     uint8_t *m2 = mmap(m, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
     assert_true(m2 == m);
     fill_pattern(m2, len, 30, 0);
-    assert_int_equal(pthread_create(&t, NULL, reader_main, &r), 0);
-    send_all(c, m2, len);
-    pthread_join(t, NULL);
-    assert_int_equal(r.error, 0);
-    long bad = check_pattern(got, len, 30, 0);
-    if (bad >= 0)
-        fail_msg("received stale contents at %ld", bad);
+    memset(got, 0, len);
+    send_to_reader(c, a, m2, got, len);      /* stale contents would differ */
     struct rs_sdp_stats s2 = sdp_stats(c);
     assert_true(s2.regcache_misses == s1.regcache_misses + 1);
     munmap(m2, len);
@@ -666,7 +704,7 @@ static void *adapt_reader(void *p)
 }
 
 /*
- * The default (adaptive) receiver measures both ways of taking a read into an empty queue, a SinkAvail the sender
+ * The adaptive receiver (threshold asked for, so on either RNIC) measures both ways of taking a read into an empty queue, a SinkAvail the sender
  * writes into and Data messages copied out of the ring, and uses the faster: so it neither offers a sink for every
  * read nor never. Each of the 64 reads here starts with the queue empty (the sender waits for an answer to each).
  */
@@ -674,7 +712,7 @@ static void test_sink_choice_is_measured(void **state)
 {
     (void)state;
     struct rs_sdp_sock *c, *a;
-    sdp_pair(&c, &a);
+    sdp_pair_opts(&c, &a, adaptive_64k);
     pthread_t t;
     assert_int_equal(pthread_create(&t, NULL, adapt_reader, a), 0);
     uint8_t *data = malloc(ADAPT_LEN);
@@ -716,6 +754,7 @@ int main(void)
         cmocka_unit_test(test_msg_zerocopy_notifications),
         cmocka_unit_test(test_sink_killed_by_disconn_reports_eof),
         cmocka_unit_test(test_sink_choice_is_measured),
+        cmocka_unit_test(test_default_follows_rnic),
     };
     /* SDP_TEST_FILTER / SDP_TEST_SKIP: glob patterns on test names, to run a subset by hand */
     if (getenv("SDP_TEST_FILTER"))

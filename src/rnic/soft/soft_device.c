@@ -124,6 +124,7 @@ static void fill_caps(struct rs_soft_device *dev)
     caps->has_write_with_imm = false;
     caps->has_native_write_record = true;
     caps->mr_pins_pages = false;
+    caps->copies_payload = true;
 }
 
 static int soft_open(const struct sockaddr *local_addr, struct rs_rnic **out)

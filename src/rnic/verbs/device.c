@@ -187,6 +187,7 @@ static void fill_caps(struct rs_v_dev *dev, const struct ibv_port_attr *port_att
     caps->has_write_with_imm = !dev->is_iwarp;
     caps->has_native_write_record = false;
     caps->mr_pins_pages = true;
+    caps->copies_payload = false;
 }
 
 static int open_device(struct ibv_device *device, uint8_t port, const struct sockaddr *addr, struct rs_rnic **out)
