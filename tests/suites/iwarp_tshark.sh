@@ -65,14 +65,15 @@ fields() {
 
 count_frames() { "${TS[@]}" -r "$scratch/$1.pcap" -Y "tcp.port == $port && ($2)" 2>/dev/null | wc -l; }
 
-tap_plan 17
+tap_plan 18
 
 # ---- MPA rev 1: must decode cleanly ----
-capture rev1 --mpa-rev 1
+# CRCs asked for, so tshark can check each one: on loopback the default asks for none (rc_cm.c, rs_rc_want_crc).
+RDMASOCK_SOFT_MPA_CRC=on capture rev1 --mpa-rev 1
 rc=$?
 if [ $rc -eq 2 ]; then
   # Not allowed to capture here (no CAP_NET_RAW): every check depends on the capture.
-  for i in $(seq 17); do tap_skip "iWARP capture check $i" "tcpdump cannot capture on lo: $(head -n 1 "$scratch/rev1.tcpdump")"; done
+  for i in $(seq 18); do tap_skip "iWARP capture check $i" "tcpdump cannot capture on lo: $(head -n 1 "$scratch/rev1.tcpdump")"; done
   exit 0
 fi
 if [ $rc -eq 0 ] && grep -q '^demo ok$' "$scratch/rev1.out"; then
@@ -164,7 +165,7 @@ if [ -z "$experts" ]; then tap_ok "no iWARP expert warning or malformed packet i
 else tap_fail "no iWARP expert warning or malformed packet in the rev 1 capture" "$experts"; fi
 
 # ---- MPA rev 2 (the default): tshark 4.0 warns about the revision, decodes the rest ----
-capture rev2
+RDMASOCK_SOFT_MPA_CRC=on capture rev2
 rc=$?
 verbose=$("${TS[@]}" -r "$scratch/rev2.pcap" -Y "tcp.port == $port" -V 2>/dev/null)
 fpdus=$(fields rev2 iwarp_mpa.crc_check | tr ',' '\n' | grep -c .)
@@ -174,7 +175,24 @@ experts=$("${TS[@]}" -r "$scratch/rev2.pcap" -Y "tcp.port == $port" -q -z expert
 unexpected=$(grep -Ev 'Res field is NOT set to zero|Rev field is NOT set to one' <<<"$experts" || true)
 if [ $rc -eq 0 ] && [ "$fpdus" -ge 13 ] && [ "$good" -eq "$fpdus" ] && [ -z "$unexpected" ] &&
    [ "$(count_frames rev2 'iwarp_mpa.req && iwarp_mpa.rev == 2')" -eq 1 ]; then
-  tap_ok "MPA rev 2 (default): Request/Reply and all $fpdus FPDUs decode, good CRCs, only tshark's rev-1 warnings"
+  tap_ok "MPA rev 2: Request/Reply and all $fpdus FPDUs decode, good CRCs, only tshark's rev-1 warnings"
 else
-  tap_fail "MPA rev 2 (default) capture decodes" "demo rc $rc, FPDUs $fpdus, good $good" "experts: $experts"
+  tap_fail "MPA rev 2 capture decodes" "demo rc $rc, FPDUs $fpdus, good $good" "experts: $experts"
+fi
+
+# ---- the default on loopback: neither side asks for CRCs, every FPDU's CRC field is zero ----
+capture nocrc --mpa-rev 1
+rc=$?
+asked=$(count_frames nocrc 'iwarp_mpa.crc_flag == 1')
+flags=$(count_frames nocrc '(iwarp_mpa.req || iwarp_mpa.rep) && iwarp_mpa.crc_flag == 0')
+crcs=$(fields nocrc iwarp_mpa.crc | tr ',' '\n' | grep -v '^$' | sort | uniq -c)
+nfpdu=$(fields nocrc iwarp_mpa.crc | tr ',' '\n' | grep -c .)
+experts=$("${TS[@]}" -r "$scratch/nocrc.pcap" -Y "tcp.port == $port" -q -z expert 2>/dev/null |
+          grep -Ei 'IWARP|DDP|RDMA|Malformed' || true)
+if [ $rc -eq 0 ] && grep -q '^demo ok$' "$scratch/nocrc.out" && [ "$asked" -eq 0 ] && [ "$flags" -eq 2 ] &&
+   [ "$nfpdu" -ge 13 ] && [ "$(grep -vc ' 0x00000000$' <<<"$crcs")" -eq 0 ] && [ -z "$experts" ]; then
+  tap_ok "default on loopback: Request and Reply ask for no CRC, all $nfpdu FPDUs carry a zero CRC field and decode"
+else
+  tap_fail "default on loopback: no CRC asked, zero CRC fields" "demo rc $rc, C set in $asked frames," \
+    "Request/Reply without C: $flags, FPDUs: $nfpdu, CRC values:" "$crcs" "experts: $experts"
 fi

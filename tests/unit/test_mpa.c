@@ -224,16 +224,18 @@ static void test_reqrep_header_scanning(void **state)
 static void test_our_requests(void **state)
 {
     (void)state;
-    /* We never ask for markers and always ask for CRC, in either revision. */
-    for (int rev = 1; rev <= 2; rev++) {
-        struct rs_mpa_local local = { .rev = (uint8_t)rev, .ird = 16, .ord = 16 };
+    /* We never ask for markers, and ask for CRC when local.crc says so, in either revision. */
+    for (int i = 0; i < 4; i++) {
+        int rev = 1 + i % 2;
+        bool crc = i < 2;
+        struct rs_mpa_local local = { .rev = (uint8_t)rev, .crc = crc, .ird = 16, .ord = 16 };
         struct rs_mpa_frame req;
         uint8_t out[64];
         rs_mpa_request_init(&req, &local, NULL, 0);
         int n = rs_mpa_frame_encode(&req, out, sizeof(out));
         assert_true(n >= 20);
         assert_int_equal(out[16] & RS_MPA_FLAG_MARKERS, 0);
-        assert_int_equal(out[16] & RS_MPA_FLAG_CRC, RS_MPA_FLAG_CRC);
+        assert_int_equal(out[16] & RS_MPA_FLAG_CRC, crc ? RS_MPA_FLAG_CRC : 0);
         assert_int_equal(out[16] & RS_MPA_FLAG_REJECT, 0);
         assert_int_equal(out[17], rev);
         assert_int_equal((out[16] & RS_MPA_FLAG_ENHANCED) != 0, rev == 2);
@@ -271,10 +273,36 @@ static void test_markers_refused(void **state)
     assert_int_equal(rs_mpa_initiator_negotiate(&ours, &bad_rep, &local, &r2), -EPROTO);
 }
 
+/* CRCs are used when either side asks (RFC 5044 7.1), and the Reply says what is in force. */
+static void test_crc_negotiation(void **state)
+{
+    (void)state;
+    for (int i = 0; i < 4; i++) {
+        bool ini_asks = i & 1, resp_asks = (i & 2) != 0;
+        struct rs_mpa_local ini = { .rev = 2, .crc = ini_asks, .ird = 4, .ord = 4 },
+                            resp = { .rev = 2, .crc = resp_asks, .ird = 4, .ord = 4 };
+        struct rs_mpa_frame req, req_got, rep, rep_got;
+        uint8_t wreq[64], wrep[64], ecode;
+        rs_mpa_request_init(&req, &ini, NULL, 0);
+        int n = rs_mpa_frame_encode(&req, wreq, sizeof(wreq));
+        assert_int_equal(rs_mpa_frame_parse(wreq, (size_t)n, false, &req_got), 0);
+        assert_int_equal(req_got.crc, ini_asks);
+        struct rs_mpa_result rres, ires;
+        assert_int_equal(rs_mpa_responder_negotiate(&req_got, &resp, &rres, &ecode), 0);
+        rs_mpa_reply_init(&rep, &req_got, &resp, &rres, false, NULL, 0);
+        n = rs_mpa_frame_encode(&rep, wrep, sizeof(wrep));
+        assert_int_equal(rs_mpa_frame_parse(wrep, (size_t)n, true, &rep_got), 0);
+        assert_int_equal(rs_mpa_initiator_negotiate(&req, &rep_got, &ini, &ires), 0);
+        assert_int_equal(rres.crc, ini_asks || resp_asks);
+        assert_int_equal(ires.crc, ini_asks || resp_asks);
+        assert_int_equal(rep_got.crc, ini_asks || resp_asks);
+    }
+}
+
 static void test_ird_ord_negotiation(void **state)
 {
     (void)state;
-    struct rs_mpa_local ini = { .rev = 2, .ird = 8, .ord = 16 }, resp = { .rev = 2, .ird = 4, .ord = 2 };
+    struct rs_mpa_local ini = { .rev = 2, .crc = true, .ird = 8, .ord = 16 }, resp = { .rev = 2, .ird = 4, .ord = 2 };
     struct rs_mpa_frame req, req_got, rep, rep_got;
     uint8_t wreq[64], wrep[64];
     rs_mpa_request_init(&req, &ini, "req", 3);
@@ -535,6 +563,7 @@ int main(void)
         cmocka_unit_test(test_our_requests),
         cmocka_unit_test(test_markers_refused),
         cmocka_unit_test(test_ird_ord_negotiation),
+        cmocka_unit_test(test_crc_negotiation),
         cmocka_unit_test(test_reply_checks),
         cmocka_unit_test(test_ddp_valid_segments),
         cmocka_unit_test(test_ddp_invalid_segments),

@@ -135,7 +135,7 @@ void rs_mpa_request_init(struct rs_mpa_frame *req, const struct rs_mpa_local *lo
 {
     memset(req, 0, sizeof(*req));
     req->rev = local->rev == RS_MPA_REV1 ? RS_MPA_REV1 : RS_MPA_REV2;
-    req->crc = true;
+    req->crc = local->crc;
     req->enhanced = req->rev == RS_MPA_REV2;
     req->ird = clamp_ird_ord(local->ird);
     req->ord = clamp_ird_ord(local->ord);
@@ -159,7 +159,7 @@ int rs_mpa_responder_negotiate(const struct rs_mpa_frame *req, const struct rs_m
     result->rev = req->rev < local->rev ? req->rev : local->rev;
     if (result->rev == 0)
         result->rev = RS_MPA_REV1;
-    result->crc = true;             /* we always want it, and one side asking is enough */
+    result->crc = req->crc || local->crc;   /* one side asking is enough (RFC 5044 7.1) */
     result->ird = clamp_ird_ord(local->ird);
     result->ord = clamp_ird_ord(local->ord);
     /* The peer's IRD bounds how many Read Requests it will hold for us; its ORD is only a wish, we serve at
@@ -174,7 +174,7 @@ void rs_mpa_reply_init(struct rs_mpa_frame *rep, const struct rs_mpa_frame *req,
 {
     memset(rep, 0, sizeof(*rep));
     rep->reply = true;
-    rep->crc = true;
+    rep->crc = result ? result->crc : req->crc || local->crc;
     rep->reject = reject;
     uint8_t ours = local->rev == RS_MPA_REV1 ? RS_MPA_REV1 : RS_MPA_REV2;
     if (req->rev == RS_MPA_REV1 || req->rev == RS_MPA_REV2)

@@ -78,6 +78,7 @@ int rs_mpa_frame_parse(const uint8_t *buf, size_t len, bool reply, struct rs_mpa
 /* What this end offers. */
 struct rs_mpa_local {
     uint8_t rev;                    /* 1 or 2: the highest revision we send */
+    bool crc;                       /* we ask for FPDU CRCs (the peer may still ask: one side asking is enough) */
     uint16_t ird, ord;              /* our limits: Read Requests we accept / issue concurrently */
 };
 

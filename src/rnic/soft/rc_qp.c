@@ -172,6 +172,8 @@ static bool queue_terminate_locked(struct rs_rc_qp *rc, const struct rs_term_cau
     uint8_t term[RS_TERM_MAX_LEN], fpdu[RS_RC_TERM_LEN_FPDU];
     size_t n = rs_term_build(term, 1, cause, offending, offending_len, offending_ulpdu_len);
     int len = rs_mpa_fpdu_build(fpdu, sizeof(fpdu), term, n);
+    if (len > 0 && !rc->neg.crc)
+        memset(fpdu + len - RS_MPA_CRC_LEN, 0, RS_MPA_CRC_LEN);     /* CRCs not negotiated: zero, as the rest */
     if (len < 0 || rs_rc_tx_queue_raw(rc, fpdu, (size_t)len) != 0)
         return false;
     rc->term_sent = true;
@@ -332,6 +334,7 @@ static int rc_qp_create(struct rs_soft_qp *qp)
     }
     const struct rs_rnic_caps *caps = &qp->dev->base.caps;
     rc->local.rev = RS_MPA_REV2;
+    rc->local.crc = true;                   /* decided per connection (rs_rc_want_crc) */
     /* Interoperability/analysis knob: MPA rev 1 (no IRD/ORD exchange), which tshark 4.0 decodes without warnings. */
     const char *rev = getenv("RDMASOCK_SOFT_MPA_REV");
     if (rev && rev[0] == '1' && rev[1] == '\0')

@@ -180,7 +180,7 @@ static bool rx_header(struct rs_rc_qp *rc)
         refuse(rc, cause, -EPROTO);
         return false;
     }
-    rx->crc = rs_crc32c(0, rx->cur_hdr, RS_MPA_LEN_FIELD + seg->hdr_len);
+    rx->crc = rc->neg.crc ? rs_crc32c(0, rx->cur_hdr, RS_MPA_LEN_FIELD + seg->hdr_len) : 0;
     rx->pay_done = 0;
     rx->tr_have = 0;
     rx->tr_len = rs_mpa_pad(ulpdu_len) + RS_MPA_CRC_LEN;
@@ -399,8 +399,8 @@ static bool rx_finish(struct rs_rc_qp *rc, bool *kick_tx)
     struct rs_rc_rx *rx = &rc->rx;
     struct rs_ddp_seg *seg = &rx->seg;
     size_t pad = rx->tr_len - RS_MPA_CRC_LEN;
-    uint32_t crc = pad ? rs_crc32c(rx->crc, rx->trailer, pad) : rx->crc;
-    if (crc != rs_crc32c_wire_get(rx->trailer + pad)) {
+    uint32_t crc = pad && rc->neg.crc ? rs_crc32c(rx->crc, rx->trailer, pad) : rx->crc;
+    if (rc->neg.crc && crc != rs_crc32c_wire_get(rx->trailer + pad)) {
         RS_INFO("soft rc: qp %u FPDU CRC mismatch (ULPDU %u bytes)", rc->qp->qpn, rx->ulpdu_len);
         refuse(rc, make_cause(RS_TERM_LAYER_LLP, RS_TERM_LLP_ETYPE_MPA, RS_TERM_LLP_CRC), -EBADMSG);
         return false;
@@ -505,7 +505,8 @@ static ssize_t rx_payload(struct rs_rc_qp *rc, bool *fpdu_done, bool *failed)
         size_t left = (size_t)r;
         for (int i = 0; i < payload_iovs && left > 0; i++) {
             size_t take = iov[i].iov_len < left ? iov[i].iov_len : left;
-            rx->crc = rs_crc32c(rx->crc, iov[i].iov_base, take);
+            if (rc->neg.crc)
+                rx->crc = rs_crc32c(rx->crc, iov[i].iov_base, take);
             rx->pay_done += take;
             left -= take;
         }

@@ -211,10 +211,13 @@ bool rs_rc_tx_cut_batch(struct rs_rc_qp *rc)
 
 /* Finishes the FPDU whose header sits in tx->hdr[n] and payload in iov[first_payload..iov_n): trailer, bookkeeping.
  * crc covers the length field, header and payload. */
-static void close_fpdu(struct rs_rc_tx *tx, size_t ulpdu_len, uint32_t crc, int64_t done_pos)
+static void close_fpdu(struct rs_rc_qp *rc, size_t ulpdu_len, uint32_t crc, int64_t done_pos)
 {
+    struct rs_rc_tx *tx = &rc->tx;
     int n = tx->fpdu_n;
     size_t t = rs_mpa_fpdu_trailer(tx->trailer[n], ulpdu_len, crc);
+    if (!rc->neg.crc)
+        memset(tx->trailer[n] + t - RS_MPA_CRC_LEN, 0, RS_MPA_CRC_LEN);    /* not negotiated: zero (as siw) */
     tx->iov[tx->iov_n].iov_base = tx->trailer[n];
     tx->iov[tx->iov_n].iov_len = t;
     tx->iov_n++;
@@ -378,19 +381,21 @@ static bool build_sq_fpdu(struct rs_rc_qp *rc)
     tx->iov[tx->iov_n].iov_base = hdr;
     tx->iov[tx->iov_n].iov_len = RS_MPA_LEN_FIELD + hl;
     tx->iov_n++;
-    uint32_t crc = rs_crc32c(0, hdr, RS_MPA_LEN_FIELD + hl);
+    bool crc_on = rc->neg.crc;
+    uint32_t crc = crc_on ? rs_crc32c(0, hdr, RS_MPA_LEN_FIELD + hl) : 0;
     if (chunk) {
         if (wqe->inline_data) {
             tx->iov[tx->iov_n].iov_base = wqe->inline_data + wqe->sent;
             tx->iov[tx->iov_n].iov_len = chunk;
-            crc = rs_crc32c(crc, wqe->inline_data + wqe->sent, chunk);
+            if (crc_on)
+                crc = rs_crc32c(crc, wqe->inline_data + wqe->sent, chunk);
             tx->iov_n++;
         } else {
             enum rs_soft_prot prot;
             rs_soft_mr_read_lock(rc->dev);
             int k = rs_soft_sge_iov(rc->dev, qp->pd, wqe->sge, wqe->num_sge, wqe->sent, chunk, 0,
                                     &tx->iov[tx->iov_n], RS_RC_TX_IOV_MAX - tx->iov_n - 1, &prot);
-            if (k > 0)
+            if (k > 0 && crc_on)
                 crc = rs_mpa_crc_iov(crc, &tx->iov[tx->iov_n], k);
             rs_soft_mr_read_unlock(rc->dev);
             if (k < 0) {
@@ -401,7 +406,7 @@ static bool build_sq_fpdu(struct rs_rc_qp *rc)
             tx->iov_n += k;
         }
     }
-    close_fpdu(tx, hl + chunk, crc, last ? done_pos : -1);
+    close_fpdu(rc, hl + chunk, crc, last ? done_pos : -1);
     wqe->sent += chunk;
     if (last)
         tx->cur = NULL;
@@ -444,9 +449,11 @@ static bool build_response_fpdu(struct rs_rc_qp *rc)
     tx->iov[tx->iov_n].iov_base = hdr;
     tx->iov[tx->iov_n].iov_len = RS_MPA_LEN_FIELD + hl;
     tx->iov_n++;
-    uint32_t crc = rs_crc32c(0, hdr, RS_MPA_LEN_FIELD + hl);
+    bool crc_on = rc->neg.crc;
+    uint32_t crc = crc_on ? rs_crc32c(0, hdr, RS_MPA_LEN_FIELD + hl) : 0;
     if (chunk) {
-        crc = rs_crc32c(crc, where, chunk);
+        if (crc_on)
+            crc = rs_crc32c(crc, where, chunk);
         rs_soft_mr_read_unlock(rc->dev);
         tx->iov[tx->iov_n].iov_base = where;
         tx->iov[tx->iov_n].iov_len = chunk;
@@ -457,7 +464,7 @@ static bool build_response_fpdu(struct rs_rc_qp *rc)
         s->len = chunk;
         s->where = where;
     }
-    close_fpdu(tx, hl + chunk, crc, -1);
+    close_fpdu(rc, hl + chunk, crc, -1);
     e->sent += (uint32_t)chunk;
     if (last)
         __atomic_store_n(&rc->irq_head, rc->irq_head + 1, __ATOMIC_RELEASE);
