@@ -132,6 +132,8 @@ enum sdp_spin_outcome {
     SDP_SPIN_MISSED,                /* the budget ran out */
     SDP_SPIN_CAUGHT_AT_ONCE,        /* signalled in the first round: it was there before the wait */
     SDP_SPIN_CAUGHT,                /* signalled in a later round: the spin saved a sleep */
+    SDP_SPIN_CAUGHT_LATE,           /* signalled only after twice the budget: the yields between rounds slept
+                                     * (every CPU busy), so the spin was a sleep that happened to end with data */
     SDP_SPIN_ENDED_OTHERWISE,       /* the budget ran out after signals that brought a reader no data, or the
                                      * connection left CONNECTED */
 };
