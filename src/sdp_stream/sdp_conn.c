@@ -982,9 +982,7 @@ static void on_cm_event(struct rs_sdp_sock *s, struct rs_rnic_cm_event *ev)
             if (s->hb.early_suspend) {
                 s->hb.early_suspend = false;
                 if (!s->peer_handback) {
-                    RS_WARN("sdp: protocol error from the peer (SuspComm, but its HelloAck has no hand-back): resetting the "
-                            "connection");
-                    rs_sdp_fail(s, EPROTO, true);
+                    rs_sdp_protocol_error(s, "hand-back never announced, mid", RS_SDP_MID_SUSPEND);
                     return;
                 }
                 rs_sdp_hb_on_suspend(s, s->hb.early_service_id);

@@ -455,6 +455,8 @@ void rs_sdp_progress_poll(struct rs_sdp_sock *s);
 void rs_sdp_call_done(struct rs_sdp_sock *s);
 /* Moves the connection to CLOSED with err (positive errno, 0 for none) and resets the QP; lock held. */
 void rs_sdp_fail(struct rs_sdp_sock *s, int err, bool send_abort);
+/* Warns what the peer got wrong (what, v), then resets the connection with EPROTO (sdp_rx.c). */
+void rs_sdp_protocol_error(struct rs_sdp_sock *s, const char *what, uint32_t v);
 /* Lock held: evaluates timers, returns the next deadline (0 none). */
 uint64_t rs_sdp_timers(struct rs_sdp_sock *s, uint64_t now);
 void rs_sdp_maybe_finish(struct rs_sdp_sock *s);

@@ -62,7 +62,7 @@ void rs_sdp_rx_release_buf(struct rs_sdp_sock *s, uint32_t idx)
         rs_sdp_rx_repost_flush(s);
 }
 
-static void protocol_error(struct rs_sdp_sock *s, const char *what, uint32_t v)
+void rs_sdp_protocol_error(struct rs_sdp_sock *s, const char *what, uint32_t v)
 {
     RS_WARN("sdp: protocol error from the peer (%s %u): resetting the connection", what, v);
     rs_sdp_fail(s, EPROTO, true);
@@ -119,19 +119,19 @@ void rs_sdp_on_recv(struct rs_sdp_sock *s, const struct rs_rnic_wc *wc)
         rs_sdp_post_recv_buf(s, idx);
         /* An empty SEND is legal RDMA: its buffer still holds an older message, so byte 0 is not its MID. */
         if (wc->byte_len == 0)
-            protocol_error(s, "empty message, len", 0);
+            rs_sdp_protocol_error(s, "empty message, len", 0);
         else
-            protocol_error(s, "malformed message, mid", buf[0]);
+            rs_sdp_protocol_error(s, "malformed message, mid", buf[0]);
         return;
     }
     if (h.mseq != s->rx_mseq_last + 1) {
         rs_sdp_post_recv_buf(s, idx);
-        protocol_error(s, "mseq out of order", h.mseq);
+        rs_sdp_protocol_error(s, "mseq out of order", h.mseq);
         return;
     }
     if (rs_sdp_seq_diff(h.mseq_ack, s->tx_mseq_next - 1) > 0 || rs_sdp_seq_diff(h.mseq_ack, s->peer_ack) < 0) {
         rs_sdp_post_recv_buf(s, idx);
-        protocol_error(s, "mseq_ack beyond what we sent", h.mseq_ack);
+        rs_sdp_protocol_error(s, "mseq_ack beyond what we sent", h.mseq_ack);
         return;
     }
     s->rx_mseq_last = h.mseq;
@@ -159,7 +159,7 @@ void rs_sdp_on_recv(struct rs_sdp_sock *s, const struct rs_rnic_wc *wc)
         }
         if (s->disconn_rcvd) {
             rs_sdp_post_recv_buf(s, idx);
-            protocol_error(s, "data after DisConn, len", payload);
+            rs_sdp_protocol_error(s, "data after DisConn, len", payload);
             return;
         }
         if (s->psrc.active) {
@@ -167,7 +167,7 @@ void rs_sdp_on_recv(struct rs_sdp_sock *s, const struct rs_rnic_wc *wc)
              * Queued behind it, this data would leave the SrcAvail stuck in the middle of the stream, where a
              * SendSm cannot drop it: recv() would block for ever (or return EAGAIN while poll says readable). */
             rs_sdp_post_recv_buf(s, idx);
-            protocol_error(s, "data while a SrcAvail is pending, len", payload);
+            rs_sdp_protocol_error(s, "data while a SrcAvail is pending, len", payload);
             return;
         }
         rs_sdp_z_on_msg(s, &h, &avail, compl_len);
@@ -179,7 +179,7 @@ void rs_sdp_on_recv(struct rs_sdp_sock *s, const struct rs_rnic_wc *wc)
         }
         if (s->rxq_count >= s->rxq_cap) {
             rs_sdp_post_recv_buf(s, idx);
-            protocol_error(s, "receive queue overrun, len", payload);
+            rs_sdp_protocol_error(s, "receive queue overrun, len", payload);
             return;
         }
         rxq_push(s, SDP_RX_DATA, idx, RS_SDP_BSDH_LEN, payload);
@@ -209,7 +209,7 @@ void rs_sdp_on_recv(struct rs_sdp_sock *s, const struct rs_rnic_wc *wc)
             return;
         }
         if (!s->peer_handback) {
-            protocol_error(s, "hand-back never announced, mid", h.mid);
+            rs_sdp_protocol_error(s, "hand-back never announced, mid", h.mid);
             return;
         }
         if (h.mid == RS_SDP_MID_SUSPEND)
@@ -221,14 +221,14 @@ void rs_sdp_on_recv(struct rs_sdp_sock *s, const struct rs_rnic_wc *wc)
     case RS_SDP_MID_SRC_AVAIL:
         rs_sdp_post_recv_buf(s, idx);
         if (s->disconn_rcvd) {
-            protocol_error(s, "SrcAvail after DisConn, len", avail.len);
+            rs_sdp_protocol_error(s, "SrcAvail after DisConn, len", avail.len);
             return;
         }
         rs_sdp_z_on_msg(s, &h, &avail, compl_len);
         if (s->broken)
             return;
         if (s->rxq_count >= s->rxq_cap) {
-            protocol_error(s, "receive queue overrun, len", avail.len);
+            rs_sdp_protocol_error(s, "receive queue overrun, len", avail.len);
             return;
         }
         rxq_push(s, SDP_RX_SRC, 0, 0, avail.len);

@@ -68,7 +68,7 @@ count_frames() { "${TS[@]}" -r "$scratch/$1.pcap" -Y "tcp.port == $port && ($2)"
 tap_plan 18
 
 # ---- MPA rev 1: must decode cleanly ----
-# CRCs asked for, so tshark can check each one: on loopback the default asks for none (rc_cm.c, rs_rc_want_crc).
+# CRCs asked for, so tshark can check each one: on loopback the default asks for none (rc_cm.c, want_crc).
 RDMASOCK_SOFT_MPA_CRC=on capture rev1 --mpa-rev 1
 rc=$?
 if [ $rc -eq 2 ]; then

@@ -334,11 +334,6 @@ static void test_handback_blocked_callers(void **state)
     rs_sdp_close(s);
 }
 
-/*
- * The server hands back the moment it accepts (it forked and closed its copy), so its SuspComm reaches the client
- * before the CM event that carries its HelloAck, which is what says the server may hand back at all. The client
- * keeps the SuspComm until then and answers it; it used to call it a protocol error and fail its connect (EPROTO).
- */
 /* A failed check leaves the test early: later tests must connect normally. */
 static int release_established(void **state)
 {
@@ -347,6 +342,11 @@ static int release_established(void **state)
     return 0;
 }
 
+/*
+ * The server hands back the moment it accepts (it forked and closed its copy), so its SuspComm reaches the client
+ * before the CM event that carries its HelloAck, which is what says the server may hand back at all. The client
+ * keeps the SuspComm until then and answers it; it used to call it a protocol error and fail its connect (EPROTO).
+ */
 static void test_handback_before_established(void **state)
 {
     (void)state;

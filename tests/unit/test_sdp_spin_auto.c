@@ -3,8 +3,8 @@
  * stops when they do not. This binary runs with the variable unset and checks the policy's three promises on one
  * connection, with every byte checked: a peer that answers at once is caught by the spin (few sleeps); a peer that
  * answers after 2 ms turns the spin off (a bounded number of spins, so a slow peer costs almost no CPU); and when
- * the peer answers at once again the spin comes back; a sender waiting for send space never spins. Both ends run in this process, on the soft RNIC (or
- * RS_RNIC_KIND). Counts only, no timing assertions: the 50 us spin and the 2 ms gap are far apart.
+ * the peer answers at once again the spin comes back; a sender waiting for send space never spins. Both ends run
+ * in this process, on the soft RNIC (or RS_RNIC_KIND). Counts only, no timing assertions: the 50 us spin and the 2 ms gap are far apart.
  */
 #include "test_sdp_util.h"
 

@@ -704,9 +704,9 @@ static void *adapt_reader(void *p)
 }
 
 /*
- * The adaptive receiver (threshold asked for, so on either RNIC) measures both ways of taking a read into an empty queue, a SinkAvail the sender
- * writes into and Data messages copied out of the ring, and uses the faster: so it neither offers a sink for every
- * read nor never. Each of the 64 reads here starts with the queue empty (the sender waits for an answer to each).
+ * The adaptive receiver (threshold asked for, so on either RNIC) measures both ways of taking a read into an empty
+ * queue, a SinkAvail the sender writes into and Data messages copied out of the ring, and uses the faster: so it
+ * neither offers a sink for every read nor never. Each of the 64 reads here starts with the queue empty (the sender waits for an answer to each).
  */
 static void test_sink_choice_is_measured(void **state)
 {

@@ -329,8 +329,6 @@ void rs_rc_push_event(struct rs_rc_qp *rc, enum rs_rnic_cm_event_type type, int 
                       uint32_t pd_len);
 /* Applies the QP's traffic class to its socket. */
 void rs_rc_apply_qos(struct rs_rc_qp *rc);
-/* Whether this end asks for MPA CRCs on a connection to peer (rc_cm.c: RDMASOCK_SOFT_MPA_CRC, loopback). */
-bool rs_rc_want_crc(const struct sockaddr_storage *peer);
 /* Sets the socket watch to what the state needs (READ while open, WRITE while bytes wait). tx_lock held. */
 void rs_rc_watch_update_locked(struct rs_rc_qp *rc);
 void rs_rc_watch_update(struct rs_rc_qp *rc);

@@ -185,7 +185,7 @@ static int to_tcp_addr(const struct sockaddr *a, socklen_t len, bool any_ok, str
  * kernel's loopback does not checksum TCP either, and the two CRC32c passes were 7% of the CPU of a 1 MiB SDP
  * stream on loopback. The peer may still ask; one side asking is enough, as in siw.
  */
-bool rs_rc_want_crc(const struct sockaddr_storage *peer)
+static bool want_crc(const struct sockaddr_storage *peer)
 {
     const char *v = getenv("RDMASOCK_SOFT_MPA_CRC");
     if (v && (!strcmp(v, "on") || !strcmp(v, "1")))
@@ -523,7 +523,7 @@ static void connect_loop(void *arg)
     rs_rc_apply_qos(rc);
     if (a->pd_len)
         memcpy(rc->req_pd, a->pd, a->pd_len);
-    rc->local.crc = rs_rc_want_crc(&rc->peer);
+    rc->local.crc = want_crc(&rc->peer);
     rs_mpa_request_init(&rc->req, &rc->local, rc->req_pd, (uint16_t)a->pd_len);
     rs_soft_cm_get(a->cm);
     rc->cm = a->cm;
@@ -806,7 +806,7 @@ static void pending_request_take(struct rs_rc_pending *p, size_t total)
     pending_close(p, false);
     uint8_t ecode = 0;
     rq->local = l->local;
-    rq->local.crc = rs_rc_want_crc(&peer);
+    rq->local.crc = want_crc(&peer);
     if (r == 0)
         r = rs_mpa_responder_negotiate(&rq->req, &rq->local, &rq->neg, &ecode);
     if (r == 0 && rq->req.pd_len > l->dev->base.caps.max_connect_private_data) {

@@ -334,7 +334,7 @@ static int rc_qp_create(struct rs_soft_qp *qp)
     }
     const struct rs_rnic_caps *caps = &qp->dev->base.caps;
     rc->local.rev = RS_MPA_REV2;
-    rc->local.crc = true;                   /* decided per connection (rs_rc_want_crc) */
+    rc->local.crc = true;                   /* decided per connection (rc_cm.c, want_crc) */
     /* Interoperability/analysis knob: MPA rev 1 (no IRD/ORD exchange), which tshark 4.0 decodes without warnings. */
     const char *rev = getenv("RDMASOCK_SOFT_MPA_REV");
     if (rev && rev[0] == '1' && rev[1] == '\0')
