@@ -91,6 +91,7 @@ struct rs_rnic_ops {
     int (*reject)(struct rs_rnic_conn_request *request, const void *private_data, uint32_t private_data_len);
     int (*disconnect)(struct rs_rnic_qp *qp);
     int (*qp_local_addr)(const struct rs_rnic_qp *qp, struct sockaddr_storage *out);
+    bool (*qp_reads_placed_directly)(const struct rs_rnic_qp *qp);  /* optional: NULL answers false */
 };
 
 /* A provider: how rs_rnic_open finds it. */

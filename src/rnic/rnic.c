@@ -318,6 +318,11 @@ int rs_rnic_disconnect(struct rs_rnic_qp *qp)
     return qp->rnic->ops->disconnect(qp);
 }
 
+bool rs_rnic_qp_reads_placed_directly(const struct rs_rnic_qp *qp)
+{
+    return qp->rnic->ops->qp_reads_placed_directly && qp->rnic->ops->qp_reads_placed_directly(qp);
+}
+
 int rs_rnic_qp_local_addr(const struct rs_rnic_qp *qp, struct sockaddr_storage *out)
 {
     memset(out, 0, sizeof(*out));

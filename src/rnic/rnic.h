@@ -490,5 +490,10 @@ int rs_rnic_disconnect(struct rs_rnic_qp *qp);
  * names the same address and port): what getsockname returns for a connected socket. -ENOTCONN before the QP was
  * established. */
 int rs_rnic_qp_local_addr(const struct rs_rnic_qp *qp, struct sockaddr_storage *out);
+/* On an RNIC that copies payload (caps.copies_payload): true while this connected QP's peer, a process on this host,
+ * takes RDMA READ responses by one direct copy (soft RNIC, docs/rnic-rc.md "Local Read placement"). So a READ of
+ * a lent buffer costs one CPU copy instead of the kernel socket's two, as lending saves copies on hardware. SENDs
+ * and WRITEs still go through the socket. false on devices that place data themselves. */
+bool rs_rnic_qp_reads_placed_directly(const struct rs_rnic_qp *qp);
 
 #endif /* RS_RNIC_RNIC_H */

@@ -553,6 +553,9 @@ bool rs_sdp_z_choose_src(struct rs_sdp_sock *s, size_t len);
 void rs_sdp_z_record(struct rs_sdp_sock *s, size_t len, bool zcopy, uint64_t bytes, uint64_t us);
 /* The same for a reader of len bytes that finds the queue empty: offer a SinkAvail, or wait for copied data. */
 bool rs_sdp_z_choose_sink(struct rs_sdp_sock *s, size_t len);
+/* Whether a reader advertises sinks at all: not by default on an RNIC that copies payload (a WRITE into a sink goes
+ * through its socket like a Data message, after a round trip), unless a threshold was set. */
+bool rs_sdp_z_sinks_by_default(const struct rs_sdp_sock *s);
 void rs_sdp_z_record_sink(struct rs_sdp_sock *s, size_t len, bool zcopy, uint64_t bytes, uint64_t us);
 /* Sends the zero-copy answers that were waiting for a credit; lock held. */
 void rs_sdp_z_flush_owed(struct rs_sdp_sock *s);

@@ -480,7 +480,7 @@ ssize_t rs_sdp_recvmsg(struct rs_sdp_sock *s, const struct iovec *iov, int iovcn
         }
         /* Zero copy into the application's buffer: advertise it as a sink when nothing is queued. */
         if (s->state == SDP_ST_CONNECTED && !dontwait && !(flags & (MSG_PEEK | MSG_TRUNC)) && s->rxq_count == 0) {
-            uint32_t zt = rs_sdp_zthresh(s);
+            uint32_t zt = rs_sdp_z_sinks_by_default(s) ? rs_sdp_zthresh(s) : 0;
             size_t plen;
             uint8_t *dst = dest_piece(iov, iovcnt, &vi, &vo, &plen);
             if (zt && dst && plen >= zt && !rs_sdp_z_choose_sink(s, plen)) {

@@ -53,12 +53,15 @@ static uint32_t rdma_cap(const struct rs_sdp_sock *s, uint64_t n)
  * trip (a sink, for the reader's next advertisement), and copying measured faster at every size (docs/sdp.md,
  * "Measured"). The per-write measurements of the adaptivity could not tell: each write's own time looked alike
  * while the stream ran 10-40% slower. A threshold set by the application or a rule still turns it on.
+ * The exception is a peer on this host whose READs the soft RNIC places by one direct copy: a lent buffer then
+ * crosses once instead of four times, and SrcAvail is the default again (the reader's sinks stay off: an RDMA
+ * WRITE still goes through the socket, rs_sdp_z_sinks_by_default).
  */
 uint32_t rs_sdp_zthresh(const struct rs_sdp_sock *s)
 {
     if (!s->peer_zcopy || s->zcopy_opt == 0 || s->broken)
         return 0;
-    if (s->zcopy_opt < 0 && s->dev->caps->copies_payload)
+    if (s->zcopy_opt < 0 && s->dev->caps->copies_payload && !(s->qp && rs_rnic_qp_reads_placed_directly(s->qp)))
         return 0;
     uint32_t base = s->zcopy_opt > 0 ? (uint32_t)s->zcopy_opt : RS_SDP_ZCOPY_DEFAULT_THRESHOLD;
     if (!s->zcopy_adaptive || s->zthresh == 0)
@@ -163,6 +166,11 @@ void rs_sdp_z_record(struct rs_sdp_sock *s, size_t len, bool zcopy, uint64_t byt
  * every size measured (64 KiB to 1 MiB). Timed the same way for both: from the moment the reader found the queue
  * empty to the return with what arrived.
  */
+bool rs_sdp_z_sinks_by_default(const struct rs_sdp_sock *s)
+{
+    return s->zcopy_opt > 0 || !s->dev->caps->copies_payload;
+}
+
 bool rs_sdp_z_choose_sink(struct rs_sdp_sock *s, size_t len)
 {
     return !s->zcopy_adaptive || choose_zcopy(s->zsink_class, len);

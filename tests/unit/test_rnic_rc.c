@@ -1189,6 +1189,110 @@ static void test_read_response_interleaves(void **state)
     gbuf_fini(&mdst);
 }
 
+/* ---- local Read placement (src/rnic/soft/rc_local.c) ---- */
+
+uint64_t rs_rc_local_read_bytes(void);
+
+static int local_records(void)
+{
+    int n = 0;
+    DIR *d = opendir("/dev/shm");
+    for (struct dirent *e; d && (e = readdir(d));)
+        n += strncmp(e->d_name, "rdmasock-soft-read-", 19) == 0;
+    if (d)
+        closedir(d);
+    return n;
+}
+
+/* A READ of a [raddr, +len) into dst at off (one SGE, or two halves); returns the bytes placed by local copy. */
+static uint64_t local_read(struct fixture *f, struct gbuf *dst, size_t off, size_t len, uint64_t raddr, uint32_t rkey,
+                           bool two_sges, uint64_t wr_id)
+{
+    uint64_t before = rs_rc_local_read_bytes();
+    struct rs_rnic_sge sge[2] = {
+        { (uint64_t)(uintptr_t)(dst->data + off), (uint32_t)(two_sges ? len / 2 : len), dst->mr->lkey },
+        { (uint64_t)(uintptr_t)(dst->data + off + len / 2), (uint32_t)(len - len / 2), dst->mr->lkey },
+    };
+    struct rs_rnic_send_wr wr = {
+        .wr_id = wr_id, .opcode = RS_WR_RDMA_READ, .flags = RS_SEND_SIGNALED, .sg_list = sge,
+        .num_sge = two_sges ? 2 : 1,
+    };
+    wr.rdma.remote_addr = raddr;
+    wr.rdma.rkey = rkey;
+    struct rs_rnic_send_wr *bad = NULL;
+    assert_int_equal(rs_rnic_post_send(f->a.qp, &wr, &bad), 0);
+    struct rs_rnic_wc wc;
+    expect_wc(f->a.cq, wr_id, RS_WC_RDMA_READ, RS_WC_SUCCESS, &wc);
+    return rs_rc_local_read_bytes() - before;
+}
+
+/*
+ * Over loopback a READ of at least 16 KiB is copied straight into the requester's sink (one process_vm_writev, a
+ * zero-length Read Response marks it); a shorter one, and every one after a READ with two SGEs, comes over TCP.
+ * The data is the same either way, the requester's record file is gone after the QPs are, and the QP reports
+ * direct reads only while they are possible.
+ */
+static void test_local_read_placement(void **state)
+{
+    struct fixture *f = *state;
+    if (rnic_kind() == RS_RNIC_KIND_VERBS)
+        skip();     /* a soft RNIC mechanism */
+    int records_before = local_records();
+    connect_pair(f, NULL, 0, NULL, 0);
+    enum { BIG = 4 << 20 };
+    struct gbuf src, dst;
+    gbuf_init(&src, f->pd, BIG, RS_ACCESS_REMOTE_READ, 0);
+    gbuf_init(&dst, f->pd, BIG, RS_ACCESS_LOCAL_WRITE, 0);
+    fill_pattern(src.data, BIG, 31);
+    uint64_t base = (uint64_t)(uintptr_t)src.data;
+    assert_true(rs_rnic_qp_reads_placed_directly(f->p.qp));
+    assert_int_equal(local_read(f, &dst, 0, BIG, base, src.mr->rkey, false, 1), BIG);
+    assert_memory_equal(dst.data, src.data, BIG);
+    assert_int_equal(local_records(), records_before + 1);
+    /* Short: TCP. */
+    memset(dst.data, 0, BIG);
+    assert_int_equal(local_read(f, &dst, 100, 8000, base + 7, src.mr->rkey, false, 2), 0);
+    assert_memory_equal(dst.data + 100, src.data + 7, 8000);
+    /* Unaligned, not a multiple of anything: local. */
+    assert_int_equal(local_read(f, &dst, 3, 100001, base + 5, src.mr->rkey, false, 3), 100001);
+    assert_memory_equal(dst.data + 3, src.data + 5, 100001);
+    /* Two SGEs: TCP, and from now on for every READ of this connection. */
+    memset(dst.data, 0, BIG);
+    assert_int_equal(local_read(f, &dst, 0, 1 << 20, base, src.mr->rkey, true, 4), 0);
+    assert_memory_equal(dst.data, src.data, 1 << 20);
+    assert_int_equal(local_read(f, &dst, 0, BIG, base, src.mr->rkey, false, 5), 0);
+    assert_memory_equal(dst.data, src.data, BIG);
+    assert_false(rs_rnic_qp_reads_placed_directly(f->a.qp));
+    gbuf_fini(&src);
+    gbuf_fini(&dst);
+    rs_rnic_destroy_qp(f->a.qp);
+    f->a.qp = NULL;
+    assert_int_equal(local_records(), records_before);
+}
+
+/* RDMASOCK_SOFT_LOCAL_READ=off: every response over TCP, no record published. */
+static void test_local_read_off(void **state)
+{
+    struct fixture *f = *state;
+    if (rnic_kind() == RS_RNIC_KIND_VERBS)
+        skip();     /* a soft RNIC mechanism */
+    int records_before = local_records();
+    setenv("RDMASOCK_SOFT_LOCAL_READ", "off", 1);
+    connect_pair(f, NULL, 0, NULL, 0);
+    unsetenv("RDMASOCK_SOFT_LOCAL_READ");
+    enum { BIG = 1 << 20 };
+    struct gbuf src, dst;
+    gbuf_init(&src, f->pd, BIG, RS_ACCESS_REMOTE_READ, 0);
+    gbuf_init(&dst, f->pd, BIG, RS_ACCESS_LOCAL_WRITE, 0);
+    fill_pattern(src.data, BIG, 32);
+    assert_false(rs_rnic_qp_reads_placed_directly(f->p.qp));
+    assert_int_equal(local_read(f, &dst, 0, BIG, (uint64_t)(uintptr_t)src.data, src.mr->rkey, false, 1), 0);
+    assert_memory_equal(dst.data, src.data, BIG);
+    assert_int_equal(local_records(), records_before);
+    gbuf_fini(&src);
+    gbuf_fini(&dst);
+}
+
 /* ---- invalidation and protection errors ---- */
 
 /* Both QPs end in ERROR, both CMs say so, and the receives still posted come back flushed. */
@@ -1517,6 +1621,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_write_read_bounds, fixture_setup, fixture_teardown),
         cmocka_unit_test_setup_teardown(test_reads_in_flight, fixture_setup, fixture_teardown),
         cmocka_unit_test_setup_teardown(test_read_response_interleaves, fixture_setup, fixture_teardown),
+        cmocka_unit_test_setup_teardown(test_local_read_placement, fixture_setup, fixture_teardown),
+        cmocka_unit_test_setup_teardown(test_local_read_off, fixture_setup, fixture_teardown),
         cmocka_unit_test_setup_teardown(test_send_with_invalidate, fixture_setup, fixture_teardown),
         cmocka_unit_test_setup_teardown(test_bad_rkey, fixture_setup, fixture_teardown),
         cmocka_unit_test_setup_teardown(test_bad_bounds_write, fixture_setup, fixture_teardown),

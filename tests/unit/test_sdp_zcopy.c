@@ -12,6 +12,9 @@
 
 #include "test_sdp_util.h"
 
+/* The soft RNIC's count of READ response bytes it placed by process_vm_writev (src/rnic/soft/rc_local.c). */
+uint64_t rs_rc_local_read_bytes(void);
+
 #define CANARY 0xc5
 
 static void zcopy_64k_fixed(struct rs_sdp_sock *s)
@@ -223,27 +226,47 @@ static void test_threshold_option(void **state)
  * faster (rs_sdp_zthresh), on (adaptive, from 64 KiB) over verbs, where an unmeasured method is tried first so the
  * first large write is lent. A threshold the application sets turns it on anywhere.
  */
+/*
+ * Default threshold: zero copy over verbs; on the soft RNIC only towards a peer on this host whose READs it places
+ * by one direct copy (rc_local.c), and then by SrcAvail only (a reader's sink would be filled through the socket).
+ * Cases: 0 default, 1 default with local Read placement off (RDMASOCK_SOFT_LOCAL_READ=off), 2 threshold asked for.
+ */
 static void test_default_follows_rnic(void **state)
 {
     (void)state;
     size_t len = 1u << 20;
     uint8_t *data = malloc(len), *got = malloc(len);
     fill_pattern(data, len, 26, 0);
-    for (int asked = 0; asked < 2; asked++) {
+    bool soft = sdp_kind() != RS_RNIC_KIND_VERBS;
+    for (int mode = 0; mode < 3; mode++) {
+        bool asked = mode == 2;
+        if (mode == 1)
+            setenv("RDMASOCK_SOFT_LOCAL_READ", "off", 1);
         struct rs_sdp_sock *c, *a;
         sdp_pair_opts(&c, &a, asked ? adaptive_64k : NULL);
+        unsetenv("RDMASOCK_SOFT_LOCAL_READ");
+        uint64_t local_before = soft ? rs_rc_local_read_bytes() : 0;
         memset(got, 0, len);
         send_to_reader(c, a, data, got, len);
         struct rs_sdp_stats sc = sdp_stats(c), sa = sdp_stats(a);
         uint64_t lent = sc.src_avail_sent + sa.sink_avail_sent;
-        print_message("# %s threshold: %llu SrcAvail + SinkAvail, threshold now %u\n", asked ? "asked-for" : "default",
-                      (unsigned long long)lent, sc.zcopy_threshold_now);
-        if (asked || sdp_kind() == RS_RNIC_KIND_VERBS) {
+        uint64_t local = soft ? rs_rc_local_read_bytes() - local_before : 0;
+        print_message("# %s: %llu SrcAvail + %llu SinkAvail, threshold now %u, %llu bytes placed locally\n",
+                      asked ? "asked-for" : mode ? "default, local reads off" : "default",
+                      (unsigned long long)sc.src_avail_sent, (unsigned long long)sa.sink_avail_sent,
+                      sc.zcopy_threshold_now, (unsigned long long)local);
+        if (asked || !soft || mode == 0) {
             assert_true(lent >= 1);
             assert_true(sc.zcopy_threshold_now >= RS_SDP_ZCOPY_DEFAULT_THRESHOLD);
         } else {
             assert_int_equal(lent, 0);
             assert_int_equal(sc.zcopy_threshold_now, 0);
+            assert_int_equal(local, 0);
+        }
+        if (soft && mode == 0) {
+            assert_int_equal(sa.sink_avail_sent, 0);
+            assert_true(sc.src_avail_sent >= 1);
+            assert_true(local >= 65536);
         }
         assert_int_equal(get_int(c, RS_SOL_SDP, RS_SDP_ZCOPY_THRESHOLD), asked ? 65536 : -1);
         rs_sdp_close(c);

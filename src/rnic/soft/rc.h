@@ -6,6 +6,7 @@
  *        rc_tx.c  FPDU segmentation and transmission (sendmsg with iovecs, CRC over the pieces)
  *        rc_rx.c  the receive state machine (header -> payload into the target -> pad + CRC)
  *        rc_cm.c  listen / connect / accept / reject / disconnect, MPA Request/Reply exchange, timers
+ *        rc_local.c  Read Responses placed by one process_vm_writev when both ends are on this host
  *
  * Threads and locks:
  *   - Everything that changes the connection state (rc->conn) runs on the device's progress thread: application
@@ -102,6 +103,34 @@ _Static_assert(RS_RC_FPDU_MAX - RS_MPA_LEN_FIELD - RS_MPA_CRC_LEN <= RS_MPA_MAX_
 #define RS_RC_GREETING "RDMASOCK SOFTRC\x01"    /* 15 ASCII bytes, then the version (1) */
 #define RS_RC_GREETING_LEN 16u
 _Static_assert(sizeof(RS_RC_GREETING) - 1 == RS_RC_GREETING_LEN, "the greeting is 16 bytes on the wire");
+
+/*
+ * Local Read placement (rc_local.c, docs/rnic-rc.md): a Read Response of at least RS_RC_LOCAL_MIN bytes for a
+ * requester on this host is copied into its sink directly; shorter ones cost more in system calls than they save.
+ * The requester's file lives in RS_RC_LOCAL_DIR (tmpfs on Debian).
+ */
+#define RS_RC_LOCAL_MIN 16384u
+#define RS_RC_LOCAL_DIR "/dev/shm"
+
+/* In the requester's memory, read and written by the responder with process_vm_readv/writev. */
+struct rs_rc_local_mark {
+    uint64_t token[2];                      /* random, also in the published record */
+    uint32_t allow;                         /* requester: 1 while responses may be placed locally */
+    uint32_t busy;                          /* responder: 1 while it writes into our memory */
+};
+
+struct rs_rc_local {
+    bool eligible;                          /* loopback peer and not turned off (set at RTS; cleared for good) */
+    /* Requester (tx_lock). */
+    struct rs_rc_local_mark *mark;          /* published when not NULL */
+    char path[160];
+    bool accept_marks;                      /* atomic: the receiver takes zero-length placement marks */
+    /* Responder (progress thread, tx_lock). */
+    int peer_state;                         /* 0 not looked up, 1 found, -1 TCP only */
+    int peer_pid;
+    uint64_t peer_mark;
+    uint64_t peer_token[2];
+};
 
 /* Connection state, written on the progress thread only (read anywhere with rs_rc_conn()). */
 enum rs_rc_conn {
@@ -285,6 +314,8 @@ struct rs_rc_qp {
                                              * stores, and loads where the other side reads them */
 
     struct rs_rc_rx rx;
+
+    struct rs_rc_local lread;               /* local Read placement (rc_local.c) */
 };
 
 static inline struct rs_rc_qp *rs_rc(const struct rs_soft_qp *qp) { return (struct rs_rc_qp *)qp->rc; }
@@ -399,6 +430,23 @@ int rs_rc_reject(struct rs_rnic_conn_request *request, const void *private_data,
 int rs_rc_disconnect(struct rs_soft_qp *qp);
 int rs_rc_local_addr(const struct rs_soft_qp *qp, struct sockaddr_storage *out);
 void rs_rc_request_discard(struct rs_rnic_conn_request *request);
+/* A loopback peer (127/8, ::1, v4-mapped 127): the MPA CRC is not asked for, local Read placement is tried. */
+bool rs_rc_addr_is_loopback(const struct sockaddr_storage *a);
+
+/* ---- rc_local.c ---- */
+
+/* At RTS: whether this connection may use local Read placement at all. */
+void rs_rc_local_init(struct rs_rc_qp *rc);
+/* Requester, tx_lock, before a Read Request goes out: publishes on the first one, withdraws for good on one whose
+ * sink has several SGEs. */
+void rs_rc_local_before_read(struct rs_rc_qp *rc, int num_sge);
+/* Requester, when the connection ends (before its buffers can go back to the application): withdraws, unpublishes. */
+void rs_rc_local_release(struct rs_rc_qp *rc);
+/* Responder, progress thread, tx_lock: copies up to len bytes of the response (from offset sent) into the
+ * requester's sink; returns the bytes placed (0: send them over TCP). */
+size_t rs_rc_local_place(struct rs_rc_qp *rc, const struct rs_rdmap_read_req *rr, uint32_t sent, uint64_t len);
+/* Bytes this process placed that way (tests, stats). */
+uint64_t rs_rc_local_read_bytes(void);
 
 /* =========================================== TEST ONLY ===================================================== */
 /*

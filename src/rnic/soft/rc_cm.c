@@ -185,6 +185,19 @@ static int to_tcp_addr(const struct sockaddr *a, socklen_t len, bool any_ok, str
  * kernel's loopback does not checksum TCP either, and the two CRC32c passes were 7% of the CPU of a 1 MiB SDP
  * stream on loopback. The peer may still ask; one side asking is enough, as in siw.
  */
+bool rs_rc_addr_is_loopback(const struct sockaddr_storage *a)
+{
+    if (a->ss_family == AF_INET)
+        return (ntohl(((const struct sockaddr_in *)a)->sin_addr.s_addr) >> 24) == 127;
+    if (a->ss_family == AF_INET6) {
+        const struct in6_addr *x = &((const struct sockaddr_in6 *)a)->sin6_addr;
+        if (IN6_IS_ADDR_V4MAPPED(x))
+            return x->s6_addr[12] == 127;
+        return IN6_IS_ADDR_LOOPBACK(x);
+    }
+    return false;
+}
+
 static bool want_crc(const struct sockaddr_storage *peer)
 {
     const char *v = getenv("RDMASOCK_SOFT_MPA_CRC");
@@ -194,17 +207,7 @@ static bool want_crc(const struct sockaddr_storage *peer)
         return false;
     if (v && *v && strcmp(v, "auto"))
         RS_LOG_ONCE(RS_LOG_WARN, "RDMASOCK_SOFT_MPA_CRC=%s is not auto, on or off: using auto", v);
-    if (peer->ss_family == AF_INET) {
-        const struct sockaddr_in *s = (const struct sockaddr_in *)peer;
-        return (ntohl(s->sin_addr.s_addr) >> 24) != 127;
-    }
-    if (peer->ss_family == AF_INET6) {
-        const struct in6_addr *a = &((const struct sockaddr_in6 *)peer)->sin6_addr;
-        if (IN6_IS_ADDR_V4MAPPED(a))
-            return a->s6_addr[12] != 127;
-        return !IN6_IS_ADDR_LOOPBACK(a);
-    }
-    return true;
+    return !rs_rc_addr_is_loopback(peer);
 }
 
 static struct rs_mpa_local default_local(const struct rs_soft_device *dev)
@@ -245,6 +248,7 @@ void rs_rc_close_socket(struct rs_rc_qp *rc, bool abortive)
     rc->watch_events = 0;
     rc->fd = -1;
     rc->tx_stopped = true;
+    rs_rc_local_release(rc);
     pthread_mutex_unlock(&rc->tx_lock);
     if (w)
         rs_soft_watch_del(w);

@@ -214,7 +214,13 @@ static bool rx_header(struct rs_rc_qp *rc)
             refuse(rc, tagged_cause(RS_SOFT_PROT_INVALID_STAG), -EPROTO);
             return false;
         }
-        if (seg->to != e->sink_to + e->placed || seg->payload_len > e->length - e->placed) {
+        /* A zero-length segment further on is a placement mark from a responder on this host (rc_local.c), only
+         * taken when we published the record that lets it write into our memory. */
+        bool mark = seg->payload_len == 0 && seg->to > e->sink_to + e->placed &&
+                    seg->to - e->sink_to <= e->length && __atomic_load_n(&rc->lread.accept_marks, __ATOMIC_ACQUIRE);
+        if (mark)
+            e->placed = seg->to - e->sink_to;
+        else if (seg->to != e->sink_to + e->placed || seg->payload_len > e->length - e->placed) {
             refuse(rc, tagged_cause(RS_SOFT_PROT_BOUNDS), -EPROTO);
             return false;
         }

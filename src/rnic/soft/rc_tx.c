@@ -351,6 +351,7 @@ static bool build_sq_fpdu(struct rs_rc_qp *rc)
         rs_ddp_tagged_hdr(ddp, RS_RDMAP_WRITE, last, wqe->rkey, wqe->remote_addr + wqe->sent);
         break;
     case RS_WR_RDMA_READ: {
+        rs_rc_local_before_read(rc, wqe->num_sge);
         struct rs_rdmap_read_req rr = {
             .sink_stag = wqe->num_sge ? wqe->sge[0].lkey : 0,
             .sink_to = wqe->num_sge ? wqe->sge[0].addr : 0,
@@ -422,8 +423,15 @@ static bool build_response_fpdu(struct rs_rc_qp *rc)
     struct rs_rc_irq_entry *e = &rc->irq[rc->irq_head % rc->irq_cap];
     size_t hl = RS_DDP_TAGGED_HDR_LEN;
     uint64_t remaining = e->rr.size - e->sent;
+    /* A requester on this host gets the bytes copied into its sink; this FPDU then carries none and its offset
+     * says how far the sink is filled (rc_local.c). */
+    size_t placed = rs_rc_local_place(rc, &e->rr, e->sent, remaining);
+    if (placed) {
+        e->sent += (uint32_t)placed;
+        remaining -= placed;
+    }
     size_t room = payload_room(rc, hl, e->rr.size);
-    size_t chunk = remaining < room ? remaining : room;
+    size_t chunk = placed ? 0 : remaining < room ? remaining : room;
     bool last = chunk == remaining;
     uint8_t *where = NULL;
     if (chunk) {

@@ -23,6 +23,8 @@
  *       brackets, an application thread's own successful completions notify late (RS_SOFT_LATE_NOTIFY_US). RC QPs
  *       leave their CQs before the RC half is destroyed. The RC receive state is no longer the progress thread's
  *       alone: see rc.h (rx_lock).
+ *   v7  rs_soft_rc_ops.reads_placed_directly (additive): an RC QP whose peer, a process on this host, takes READ
+ *       responses by process_vm_writev (rc_local.c) answers rs_rnic_qp_reads_placed_directly.
  *
  * ---- Objects ----------------------------------------------------------------------------------------------
  * Every object starts with its rnic.h base struct (provider.h) so a public pointer casts to the soft one:
@@ -602,6 +604,7 @@ struct rs_soft_rc_ops {
     void (*request_discard)(struct rs_rnic_conn_request *request);
     bool (*rx_inline)(struct rs_soft_qp *qp, bool *drained);
     int (*wait_fd)(struct rs_soft_qp *qp);
+    bool (*reads_placed_directly)(const struct rs_soft_qp *qp);     /* v7: local Read placement (rc_local.c) */
 };
 extern const struct rs_soft_rc_ops rs_soft_rc_ops;
 
@@ -681,6 +684,7 @@ int rs_soft_accept(struct rs_rnic_conn_request *request, struct rs_rnic_qp *qp, 
 int rs_soft_reject(struct rs_rnic_conn_request *request, const void *private_data, uint32_t private_data_len);
 int rs_soft_disconnect(struct rs_rnic_qp *qp);
 int rs_soft_qp_local_addr(const struct rs_rnic_qp *qp, struct sockaddr_storage *out);
+bool rs_soft_qp_reads_placed_directly(const struct rs_rnic_qp *qp);
 
 /* =========================================== TEST ONLY ===================================================== */
 /*

@@ -66,6 +66,7 @@ static const struct rs_rnic_ops soft_ops = {
     .reject = rs_soft_reject,
     .disconnect = rs_soft_disconnect,
     .qp_local_addr = rs_soft_qp_local_addr,
+    .qp_reads_placed_directly = rs_soft_qp_reads_placed_directly,
 };
 
 uint64_t rs_soft_now_ns(void)

@@ -442,6 +442,12 @@ int rs_soft_disconnect(struct rs_rnic_qp *pqp)
     return rs_soft_rc_ops.disconnect(qp);
 }
 
+bool rs_soft_qp_reads_placed_directly(const struct rs_rnic_qp *pqp)
+{
+    const struct rs_soft_qp *qp = rs_soft_qp((struct rs_rnic_qp *)pqp);
+    return qp->type == RS_QPT_RC && rs_soft_rc_ops.reads_placed_directly(qp);
+}
+
 int rs_soft_qp_local_addr(const struct rs_rnic_qp *pqp, struct sockaddr_storage *out)
 {
     const struct rs_soft_qp *qp = rs_soft_qp((struct rs_rnic_qp *)pqp);
