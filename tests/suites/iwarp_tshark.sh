@@ -65,15 +65,16 @@ fields() {
 
 count_frames() { "${TS[@]}" -r "$scratch/$1.pcap" -Y "tcp.port == $port && ($2)" 2>/dev/null | wc -l; }
 
-tap_plan 18
+tap_plan 19
 
 # ---- MPA rev 1: must decode cleanly ----
-# CRCs asked for, so tshark can check each one: on loopback the default asks for none (rc_cm.c, want_crc).
-RDMASOCK_SOFT_MPA_CRC=on capture rev1 --mpa-rev 1
+# CRCs asked for, so tshark can check each one: on loopback the default asks for none (rc_cm.c, want_crc). Read
+# Responses over TCP, so the segmentation shows: on loopback the default places them by one copy (rc_local.c).
+RDMASOCK_SOFT_MPA_CRC=on RDMASOCK_SOFT_LOCAL_READ=off capture rev1 --mpa-rev 1
 rc=$?
 if [ $rc -eq 2 ]; then
   # Not allowed to capture here (no CAP_NET_RAW): every check depends on the capture.
-  for i in $(seq 18); do tap_skip "iWARP capture check $i" "tcpdump cannot capture on lo: $(head -n 1 "$scratch/rev1.tcpdump")"; done
+  for i in $(seq 19); do tap_skip "iWARP capture check $i" "tcpdump cannot capture on lo: $(head -n 1 "$scratch/rev1.tcpdump")"; done
   exit 0
 fi
 if [ $rc -eq 0 ] && grep -q '^demo ok$' "$scratch/rev1.out"; then
@@ -165,7 +166,7 @@ if [ -z "$experts" ]; then tap_ok "no iWARP expert warning or malformed packet i
 else tap_fail "no iWARP expert warning or malformed packet in the rev 1 capture" "$experts"; fi
 
 # ---- MPA rev 2 (the default): tshark 4.0 warns about the revision, decodes the rest ----
-RDMASOCK_SOFT_MPA_CRC=on capture rev2
+RDMASOCK_SOFT_MPA_CRC=on RDMASOCK_SOFT_LOCAL_READ=off capture rev2
 rc=$?
 verbose=$("${TS[@]}" -r "$scratch/rev2.pcap" -Y "tcp.port == $port" -V 2>/dev/null)
 fpdus=$(fields rev2 iwarp_mpa.crc_check | tr ',' '\n' | grep -c .)
@@ -190,9 +191,22 @@ nfpdu=$(fields nocrc iwarp_mpa.crc | tr ',' '\n' | grep -c .)
 experts=$("${TS[@]}" -r "$scratch/nocrc.pcap" -Y "tcp.port == $port" -q -z expert 2>/dev/null |
           grep -Ei 'IWARP|DDP|RDMA|Malformed' || true)
 if [ $rc -eq 0 ] && grep -q '^demo ok$' "$scratch/nocrc.out" && [ "$asked" -eq 0 ] && [ "$flags" -eq 2 ] &&
-   [ "$nfpdu" -ge 13 ] && [ "$(grep -vc ' 0x00000000$' <<<"$crcs")" -eq 0 ] && [ -z "$experts" ]; then
+   [ "$nfpdu" -ge 11 ] && [ "$(grep -vc ' 0x00000000$' <<<"$crcs")" -eq 0 ] && [ -z "$experts" ]; then
   tap_ok "default on loopback: Request and Reply ask for no CRC, all $nfpdu FPDUs carry a zero CRC field and decode"
 else
   tap_fail "default on loopback: no CRC asked, zero CRC fields" "demo rc $rc, C set in $asked frames," \
     "Request/Reply without C: $flags, FPDUs: $nfpdu, CRC values:" "$crcs" "experts: $experts"
+fi
+
+# ---- the default on loopback: the 40000-byte READ is placed by one copy, a single empty Read Response marks it ----
+rr=$(fields nocrc iwarp_rdma.opcode iwarp_ddp.last_flag iwarp_mpa.ulpdulength | awk -F'\t' '
+  { n = split($1, op, ","); split($2, l, ","); split($3, u, ",");
+    for (i = 1; i <= n; i++) if (op[i] == "0x02") { c++; last = l[i]; len = u[i] } }
+  END { printf "%d %s %s", c, last, len }')
+read -r r_n r_l r_len <<<"$rr"
+if grep -q '^demo ok$' "$scratch/nocrc.out" && [ "$r_n" = 1 ] && [ "$r_l" = 1 ] && [ "$r_len" = 14 ]; then
+  tap_ok "default on loopback: the READ's data placed locally, one empty Read Response with L (ULPDU 14 bytes) marks it"
+else
+  tap_fail "default on loopback: one empty Read Response marks the locally placed READ" \
+    "Read Response FPDUs: $r_n, L of the last: $r_l, its ULPDU length: $r_len"
 fi
