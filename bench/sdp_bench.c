@@ -37,6 +37,7 @@ static size_t opt_sizes[16] = { 65536, 262144, 1048576 };
 static int opt_nsizes = 3;
 static size_t opt_lat_size = 64;
 static int opt_zcopy = -1;
+static int opt_adaptive = 1;        /* --fixed: zero copy above the threshold always (RS_SDP_ZCOPY_ADAPTIVE 0) */
 static bool opt_lat = true, opt_bw = true;
 
 static double now_s(void)
@@ -84,6 +85,7 @@ static void s_nodelay(struct sock *k)
     if (k->sdp) {
         rs_sdp_setsockopt(k->s, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
         rs_sdp_setsockopt(k->s, RS_SOL_SDP, RS_SDP_ZCOPY_THRESHOLD, &opt_zcopy, sizeof(opt_zcopy));
+        rs_sdp_setsockopt(k->s, RS_SOL_SDP, RS_SDP_ZCOPY_ADAPTIVE, &opt_adaptive, sizeof(opt_adaptive));
     } else {
         setsockopt(k->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     }
@@ -350,6 +352,8 @@ int main(int argc, char **argv)
         } else if (!strcmp(a, "--zcopy") && v) {
             opt_zcopy = atoi(v);
             i++;
+        } else if (!strcmp(a, "--fixed")) {
+            opt_adaptive = 0;
         } else if (!strcmp(a, "--modes") && v) {
             opt_lat = strstr(v, "lat") != NULL;
             opt_bw = strstr(v, "bw") != NULL;
@@ -363,7 +367,7 @@ int main(int argc, char **argv)
             i++;
         } else {
             fprintf(stderr, "usage: %s [--kind soft|verbs] [--addr IP] [--seconds S] [--reps N] [--sizes LIST] "
-                            "[--lat-size N] [--zcopy BYTES] [--modes lat,bw]\n", argv[0]);
+                            "[--lat-size N] [--zcopy BYTES] [--fixed] [--modes lat,bw]\n", argv[0]);
             return 2;
         }
     }

@@ -407,6 +407,9 @@ unsigned rs_sdp_mask_locked(struct rs_sdp_sock *s);
 int rs_sdp_wait(struct rs_sdp_sock *s, uint64_t deadline_ms);
 /* Same, for a reader that waits for the peer's data and nothing else. */
 int rs_sdp_wait_rx(struct rs_sdp_sock *s, uint64_t deadline_ms);
+/* Same, for the answer to a zero-copy step (the peer's READ and RdmaRdCompl, our READ's completion): spins first as a
+ * reader's wait does (sdp_spin.c), since each lent buffer otherwise costs a sleep and a wake-up on both sides. */
+int rs_sdp_wait_reply(struct rs_sdp_sock *s, uint64_t deadline_ms, bool interruptible);
 /* What a blocking send/recv does when it cannot progress: -EAGAIN at once with MSG_DONTWAIT, otherwise waits
  * (0: woken, try again; -EAGAIN: SO_RCVTIMEO/SO_SNDTIMEO expired, as Linux reports it; -EINTR). Lock held. */
 int rs_sdp_wait_io(struct rs_sdp_sock *s, bool dontwait, uint64_t deadline_ms);

@@ -296,7 +296,9 @@ void rs_sdp_test_before_arm(void (*fn)(void *), void *arg)
     __atomic_store_n(&test_before_arm, fn, __ATOMIC_RELEASE);
 }
 
-static int wait_common(struct rs_sdp_sock *s, uint64_t deadline_ms, bool interruptible, bool rx_only)
+/* rx_only: a reader waiting for the peer's data (see struct sdp_waiter); reply: a wait for the peer's answer to a
+ * zero-copy step (its READ of our buffer and RdmaRdCompl, or our READ's completion), which spins like a reader's. */
+static int wait_common(struct rs_sdp_sock *s, uint64_t deadline_ms, bool interruptible, bool rx_only, bool reply)
 {
     int fd = thread_wait_fd();
     if (fd < 0)
@@ -330,7 +332,7 @@ static int wait_common(struct rs_sdp_sock *s, uint64_t deadline_ms, bool interru
     /* Inside the bracket, so on the soft RNIC the polls receive on this thread too (sdp_spin.c). */
     bool spun = false, time_sleep = false;
     if (s->cq && s->state == SDP_ST_CONNECTED && !deadline_ms_passed(deadline_ms)) {
-        uint64_t budget = rs_sdp_spin_budget(s, rx_only);
+        uint64_t budget = rs_sdp_spin_budget(s, rx_only || reply);
         time_sleep = !budget && s->spin.learning;
         if (budget) {
             enum sdp_spin_outcome o = rs_sdp_spin(s, &w, budget, waited_cq != NULL);
@@ -437,12 +439,17 @@ static int wait_common(struct rs_sdp_sock *s, uint64_t deadline_ms, bool interru
 
 int rs_sdp_wait(struct rs_sdp_sock *s, uint64_t deadline_ms)
 {
-    return wait_common(s, deadline_ms, true, false);
+    return wait_common(s, deadline_ms, true, false, false);
 }
 
 int rs_sdp_wait_rx(struct rs_sdp_sock *s, uint64_t deadline_ms)
 {
-    return wait_common(s, deadline_ms, true, true);
+    return wait_common(s, deadline_ms, true, true, false);
+}
+
+int rs_sdp_wait_reply(struct rs_sdp_sock *s, uint64_t deadline_ms, bool interruptible)
+{
+    return wait_common(s, deadline_ms, interruptible, false, true);
 }
 
 int rs_sdp_wait_io(struct rs_sdp_sock *s, bool dontwait, uint64_t deadline_ms)
@@ -458,7 +465,7 @@ int rs_sdp_wait_io(struct rs_sdp_sock *s, bool dontwait, uint64_t deadline_ms)
 
 int rs_sdp_wait_uninterruptible(struct rs_sdp_sock *s, uint64_t deadline_ms)
 {
-    return wait_common(s, deadline_ms, false, false);
+    return wait_common(s, deadline_ms, false, false, false);
 }
 
 /* ---- public readiness calls ---- */

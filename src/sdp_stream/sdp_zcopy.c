@@ -572,7 +572,8 @@ ssize_t rs_sdp_z_send(struct rs_sdp_sock *s, const uint8_t *buf, size_t len, uin
                 if ((deadline && now >= deadline) || s->app_closed)
                     *interrupted = true;
             } else {
-                r = wait_step(s, d, true);
+                rs_sdp_signal(s);
+                r = rs_sdp_wait_reply(s, d, true);
                 if (r == -EINTR) {
                     want_cancel = true;
                     *interrupted = true;
@@ -665,7 +666,8 @@ ssize_t rs_sdp_z_read_src(struct rs_sdp_sock *s, uint8_t *buf, size_t len, bool 
         rs_sdp_progress(s);
         if (!s->psrc.read_out || s->broken)
             break;
-        wait_step(s, 0, false);
+        rs_sdp_signal(s);
+        rs_sdp_wait_reply(s, 0, false);
     }
     rs_sdp_reg_put(s->dev->cache, reg);
     s->psrc.read_uncounted = false;

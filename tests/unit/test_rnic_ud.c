@@ -1363,6 +1363,8 @@ struct blaster {
     struct rs_rnic_ud_peer *peer;
     struct buf *src;
     int count;
+    pthread_barrier_t *start;       /* both senders begin together (a thread created late under load would find
+                                     * most of the other's datagrams already delivered) */
 };
 
 static void *blast(void *arg)
@@ -1370,6 +1372,8 @@ static void *blast(void *arg)
     struct blaster *b = arg;
     struct rs_rnic_wc wc[32];
     int posted = 0, done = 0;
+    if (b->start)
+        pthread_barrier_wait(b->start);
     while (done < b->count) {
         while (posted < b->count && posted - done < 64) {
             int rc = post_send_op(b->s, b->peer, RS_WR_SEND, b->src, 0, 4096, (uint64_t)posted, 0, 0, 0);
@@ -1420,12 +1424,14 @@ static void test_fairness(void **state)
     struct buf src[2];
     struct blaster bl[2];
     pthread_t th[2];
+    pthread_barrier_t start;
+    assert_int_equal(pthread_barrier_init(&start, NULL, 2), 0);
     for (int q = 0; q < 2; q++) {
         struct rs_rnic_qp_attr attr = { .type = RS_QPT_UD, .max_send_wr = 128, .max_recv_wr = 1,
                                         .max_send_sge = 1, .max_recv_sge = 1 };
         side_open(&tx[q], NULL, 1024, &attr);
         buf_reg(&src[q], tx[q].pd, 4096, 0);
-        bl[q] = (struct blaster){ &tx[q], resolve(&tx[q], &rx_addr[q]), &src[q], count };
+        bl[q] = (struct blaster){ &tx[q], resolve(&tx[q], &rx_addr[q]), &src[q], count, &start };
     }
     for (int q = 0; q < 2; q++)
         assert_int_equal(pthread_create(&th[q], NULL, blast, &bl[q]), 0);
@@ -1466,6 +1472,7 @@ static void test_fairness(void **state)
     assert_true(first_half[0] > got / 10);
     assert_true(first_half[1] > got / 10);
     free(order);
+    pthread_barrier_destroy(&start);
     for (int q = 0; q < 2; q++) {
         rs_rnic_ud_peer_free(bl[q].peer);
         buf_free(&src[q]);

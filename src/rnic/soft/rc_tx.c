@@ -414,8 +414,10 @@ static bool build_sq_fpdu(struct rs_rc_qp *rc)
     return true;
 }
 
-/* Adds one FPDU of the oldest pending Read Response. Progress thread, tx_lock held. */
-static bool build_response_fpdu(struct rs_rc_qp *rc)
+/* Adds one FPDU of the oldest pending Read Response. tx_lock held. On the progress thread any FPDU; on another
+ * thread (local_only) only a placement mark, when the bytes could be placed locally (rc_local.c): one system call
+ * instead of a hop to the progress thread, which stays the only one to send response bytes over TCP. */
+static bool build_response_fpdu(struct rs_rc_qp *rc, bool local_only)
 {
     struct rs_rc_tx *tx = &rc->tx;
     if (!rs_rc_irq_pending(rc) || !batch_has_room(tx, 1))
@@ -426,6 +428,8 @@ static bool build_response_fpdu(struct rs_rc_qp *rc)
     /* A requester on this host gets the bytes copied into its sink; this FPDU then carries none and its offset
      * says how far the sink is filled (rc_local.c). */
     size_t placed = rs_rc_local_place(rc, &e->rr, e->sent, remaining);
+    if (!placed && local_only)
+        return false;
     if (placed) {
         e->sent += (uint32_t)placed;
         remaining -= placed;
@@ -485,18 +489,22 @@ static bool tx_build(struct rs_rc_qp *rc, bool from_loop)
     struct rs_rc_tx *tx = &rc->tx;
     batch_reset(tx);
     while (!rc->tx_stopped && tx->fpdu_n < RS_RC_TX_BATCH_FPDUS) {
-        bool responses = from_loop && rs_rc_irq_pending(rc);
+        bool responses = rs_rc_irq_pending(rc) && (from_loop || rs_rc_local_ready(rc));
         bool built = false;
         /* Alternate between the two sources so neither a long Read Response nor a long SEND starves the other. */
         if (responses && tx->alternate) {
-            built = build_response_fpdu(rc);
+            built = build_response_fpdu(rc, !from_loop);
             tx->alternate = false;
+            if (!built && !from_loop && !rc->tx_stopped) {
+                built = build_sq_fpdu(rc);     /* a response not placeable here waits for the loop */
+                tx->alternate = built;
+            }
         } else {
             built = build_sq_fpdu(rc);
             if (built)
                 tx->alternate = true;
             else if (responses && !rc->tx_stopped)
-                built = build_response_fpdu(rc);
+                built = build_response_fpdu(rc, !from_loop);
         }
         if (!built)
             break;
