@@ -108,19 +108,23 @@ static unsigned zclass_of(size_t len)
  * returns as soon as the ring holds the bytes, keeps writes in flight back to back, and pins nothing. Where zero
  * copy pays (hardware, large writes: no CPU copy at either end) it wins by far more.
  */
-static bool zc_wins(uint32_t zc_rate, uint32_t bc_rate)
+static bool zc_wins(uint32_t zc_rate, uint32_t bc_rate, bool zc_cheaper)
 {
+    /* Where lending costs the CPU less than copying (a soft RNIC placing our READs by one copy: one pass over the
+     * bytes instead of four), zero copy is the better of two equals, and copying has to win by the eighth. */
+    if (zc_cheaper)
+        return (uint64_t)bc_rate * 8 < (uint64_t)zc_rate * 9;
     return (uint64_t)zc_rate * 8 >= (uint64_t)bc_rate * 9;
 }
 
-static bool choose_zcopy(struct sdp_zclass *tab, size_t len)
+static bool choose_zcopy(struct sdp_zclass *tab, size_t len, bool zc_cheaper)
 {
     struct sdp_zclass *k = &tab[zclass_of(len)];
     if (k->zc_rate == 0)
         return true;
     if (k->bc_rate == 0)
         return false;
-    bool zc_better = zc_wins(k->zc_rate, k->bc_rate);
+    bool zc_better = zc_wins(k->zc_rate, k->bc_rate, zc_cheaper);
     if (++k->since_probe >= (SDP_ZC_PROBE_EVERY << k->probe_level)) {
         k->since_probe = 0;
         k->probing = true;
@@ -129,7 +133,7 @@ static bool choose_zcopy(struct sdp_zclass *tab, size_t len)
     return zc_better;
 }
 
-static void record_rate(struct sdp_zclass *tab, size_t len, bool zcopy, uint64_t bytes, uint64_t us)
+static void record_rate(struct sdp_zclass *tab, size_t len, bool zcopy, uint64_t bytes, uint64_t us, bool zc_cheaper)
 {
     struct sdp_zclass *k = &tab[zclass_of(len)];
     uint32_t rate = (uint32_t)(bytes / (us ? us : 1));     /* bytes per microsecond = MB/s */
@@ -140,7 +144,7 @@ static void record_rate(struct sdp_zclass *tab, size_t len, bool zcopy, uint64_t
     if (k->probing) {
         /* A probe of the method that was losing: if it still loses, wait longer before the next one. */
         k->probing = false;
-        if (zcopy ? !zc_wins(rate, other) : zc_wins(other, rate)) {
+        if (zcopy ? !zc_wins(rate, other, zc_cheaper) : zc_wins(other, rate, zc_cheaper)) {
             if (k->probe_level < SDP_ZC_PROBE_MAX_LEVEL)
                 k->probe_level++;
         } else {
@@ -150,14 +154,20 @@ static void record_rate(struct sdp_zclass *tab, size_t len, bool zcopy, uint64_t
     *slot = *slot ? (*slot * 3 + rate) / 4 : rate;
 }
 
+/* A lent buffer crosses once where a copied one crosses four times (soft RNIC, local Read placement). */
+static bool src_cheaper(const struct rs_sdp_sock *s)
+{
+    return s->dev->caps->copies_payload && s->qp && rs_rnic_qp_reads_placed_directly(s->qp);
+}
+
 bool rs_sdp_z_choose_src(struct rs_sdp_sock *s, size_t len)
 {
-    return !s->zcopy_adaptive || choose_zcopy(s->zclass, len);
+    return !s->zcopy_adaptive || choose_zcopy(s->zclass, len, src_cheaper(s));
 }
 
 void rs_sdp_z_record(struct rs_sdp_sock *s, size_t len, bool zcopy, uint64_t bytes, uint64_t us)
 {
-    record_rate(s->zclass, len, zcopy, bytes, us);
+    record_rate(s->zclass, len, zcopy, bytes, us, src_cheaper(s));
 }
 
 /*
@@ -173,12 +183,12 @@ bool rs_sdp_z_sinks_by_default(const struct rs_sdp_sock *s)
 
 bool rs_sdp_z_choose_sink(struct rs_sdp_sock *s, size_t len)
 {
-    return !s->zcopy_adaptive || choose_zcopy(s->zsink_class, len);
+    return !s->zcopy_adaptive || choose_zcopy(s->zsink_class, len, false);
 }
 
 void rs_sdp_z_record_sink(struct rs_sdp_sock *s, size_t len, bool zcopy, uint64_t bytes, uint64_t us)
 {
-    record_rate(s->zsink_class, len, zcopy, bytes, us);
+    record_rate(s->zsink_class, len, zcopy, bytes, us, false);
 }
 
 static bool post_ctrl(struct rs_sdp_sock *s, uint8_t mid, uint32_t compl_len)

@@ -446,7 +446,10 @@ void rs_rc_local_release(struct rs_rc_qp *rc);
  * requester's sink; returns the bytes placed (0: send them over TCP). */
 size_t rs_rc_local_place(struct rs_rc_qp *rc, const struct rs_rdmap_read_req *rr, uint32_t sent, uint64_t len);
 /* Responder, tx_lock: local placement has not failed on this connection (the next response may go that way). */
-static inline bool rs_rc_local_ready(const struct rs_rc_qp *rc) { return rc->lread.eligible && rc->lread.peer_state >= 0; }
+static inline bool rs_rc_local_ready(const struct rs_rc_qp *rc)
+{
+    return rc->lread.eligible && rc->lread.peer_state >= 0;
+}
 /* Bytes this process placed that way (tests, stats). */
 uint64_t rs_rc_local_read_bytes(void);
 
