@@ -1270,6 +1270,41 @@ static void test_local_read_placement(void **state)
     assert_int_equal(local_records(), records_before);
 }
 
+/* A READ into a sink the requester may not write (unknown lkey) fails with a local protection error before its
+ * Request leaves (rc_tx.c), so a local responder never sees it: nothing is placed and the buffer stays untouched,
+ * as over TCP. */
+static void test_local_read_bad_sink(void **state)
+{
+    struct fixture *f = *state;
+    if (rnic_kind() == RS_RNIC_KIND_VERBS)
+        skip();     /* a soft RNIC mechanism */
+    connect_pair(f, NULL, 0, NULL, 0);
+    enum { LEN = 256 << 10 };
+    struct gbuf src, dst;
+    gbuf_init(&src, f->pd, LEN, RS_ACCESS_REMOTE_READ, 0);
+    gbuf_init(&dst, f->pd, LEN, RS_ACCESS_LOCAL_WRITE, 0);
+    fill_pattern(src.data, LEN, 33);
+    memset(dst.data, 0, LEN);
+    uint64_t before = rs_rc_local_read_bytes();
+    struct rs_rnic_sge sge = { (uint64_t)(uintptr_t)dst.data, LEN, dst.mr->lkey ^ 0x5a5a00u };
+    struct rs_rnic_send_wr wr = { .wr_id = 9, .opcode = RS_WR_RDMA_READ, .flags = RS_SEND_SIGNALED, .sg_list = &sge,
+                                  .num_sge = 1 };
+    wr.rdma.remote_addr = (uint64_t)(uintptr_t)src.data;
+    wr.rdma.rkey = src.mr->rkey;
+    struct rs_rnic_send_wr *bad = NULL;
+    assert_int_equal(rs_rnic_post_send(f->a.qp, &wr, &bad), 0);
+    struct rs_rnic_wc wc;
+    assert_int_equal(poll_n(f->a.cq, &wc, 1, WAIT_MS), 1);
+    assert_int_equal(wc.wr_id, 9);
+    assert_int_equal(wc.status, RS_WC_LOC_PROT_ERR);
+    assert_int_equal(rs_rc_local_read_bytes() - before, 0);
+    for (size_t i = 0; i < LEN; i++)
+        if (dst.data[i])
+            fail_msg("byte %zu of the refused sink was written", i);
+    gbuf_fini(&src);
+    gbuf_fini(&dst);
+}
+
 /* RDMASOCK_SOFT_LOCAL_READ=off: every response over TCP, no record published. */
 static void test_local_read_off(void **state)
 {
@@ -1623,6 +1658,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_read_response_interleaves, fixture_setup, fixture_teardown),
         cmocka_unit_test_setup_teardown(test_local_read_placement, fixture_setup, fixture_teardown),
         cmocka_unit_test_setup_teardown(test_local_read_off, fixture_setup, fixture_teardown),
+        cmocka_unit_test_setup_teardown(test_local_read_bad_sink, fixture_setup, fixture_teardown),
         cmocka_unit_test_setup_teardown(test_send_with_invalidate, fixture_setup, fixture_teardown),
         cmocka_unit_test_setup_teardown(test_bad_rkey, fixture_setup, fixture_teardown),
         cmocka_unit_test_setup_teardown(test_bad_bounds_write, fixture_setup, fixture_teardown),
