@@ -9,7 +9,8 @@
  * 64 KiB >= 0.9x, 64-byte ping-pong latency <= 1.25x).
  *
  * usage: sdp_bench [--kind soft|verbs] [--addr IP] [--seconds S] [--reps N] [--sizes LIST] [--lat-size N]
- *                  [--zcopy BYTES|-1|0] [--modes lat,bw]
+ *                  [--zcopy BYTES|-1|0] [--fixed] [--only-sdp] [--modes lat,bw]
+ * SDP_BENCH_STATS=1 adds, per bandwidth run, SDP's message counters and both ends' CPU seconds per GB.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -21,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -39,6 +41,8 @@ static size_t opt_lat_size = 64;
 static int opt_zcopy = -1;
 static int opt_adaptive = 1;        /* --fixed: zero copy above the threshold always (RS_SDP_ZCOPY_ADAPTIVE 0) */
 static bool opt_lat = true, opt_bw = true;
+static bool opt_only_sdp;           /* --only-sdp: skip kernel TCP (profiling SDP alone) */
+static pid_t server_pid[2];         /* for the CPU report of SDP_BENCH_STATS */
 
 static double now_s(void)
 {
@@ -271,8 +275,40 @@ static double run_lat(bool sdp, uint16_t port)
     return (t - t0) / (double)iters * 1e6;
 }
 
+/* CPU seconds (user, system) of this process, or of process pid from /proc (pid 0: this process). */
+static void cpu_of(pid_t pid, double *user, double *sys)
+{
+    *user = *sys = 0;
+    if (!pid) {
+        struct rusage ru;
+        getrusage(RUSAGE_SELF, &ru);
+        *user = (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec / 1e6;
+        *sys = (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec / 1e6;
+        return;
+    }
+    char path[64], line[1024];
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return;
+    if (fgets(line, sizeof(line), f)) {
+        const char *p = strrchr(line, ')');
+        unsigned long ut = 0, st = 0;
+        /* after the command: state and 10 more fields, then utime and stime (proc(5) fields 14 and 15) */
+        if (p && sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st) == 2) {
+            long hz = sysconf(_SC_CLK_TCK);
+            *user = (double)ut / (double)hz;
+            *sys = (double)st / (double)hz;
+        }
+    }
+    fclose(f);
+}
+
 static double run_bw(bool sdp, uint16_t port, size_t size)
 {
+    double cu0, cs0, su0, ss0;
+    cpu_of(0, &cu0, &cs0);
+    cpu_of(server_pid[sdp], &su0, &ss0);
     struct sock c = s_connect(sdp, port);
     send_exact(&c, "b", 1);
     char *b = malloc(size);
@@ -290,16 +326,25 @@ static double run_bw(bool sdp, uint16_t port, size_t size)
     char k;
     recv_exact(&c, &k, 1);
     double t = now_s() - t0;
+    if (getenv("SDP_BENCH_STATS")) {
+        double cu, cs, su, ss, gb = (double)bytes / 1e9;
+        cpu_of(0, &cu, &cs);
+        cpu_of(server_pid[sdp], &su, &ss);
+        fprintf(stderr, "# %zu %s: %.1f MB/s; CPU s per GB: sender user %.2f sys %.2f, receiver user %.2f sys %.2f\n",
+                size, sdp ? "sdp" : "tcp", (double)bytes / t / 1e6, (cu - cu0) / gb, (cs - cs0) / gb,
+                (su - su0) / gb, (ss - ss0) / gb);
+    }
     if (c.sdp && getenv("SDP_BENCH_STATS")) {
         struct rs_sdp_stats st = { 0 };
         socklen_t len = sizeof(st);
         rs_sdp_getsockopt(c.s, RS_SOL_SDP, RS_SDP_STATS, &st, &len);
         fprintf(stderr, "# %zu: data msgs %llu, SrcAvail %llu (%llu MiB), into sinks %llu MiB, crossed %llu, "
-                        "SendSm %llu, credit stalls %llu, credit updates received as msgs %llu\n", size,
+                        "SendSm %llu, credit stalls %llu, credit updates received as msgs %llu, ring lent %llu MiB in %llu\n", size,
                 (unsigned long long)st.data_msgs_sent, (unsigned long long)st.src_avail_sent,
                 (unsigned long long)(st.zcopy_src_bytes >> 20), (unsigned long long)(st.zcopy_sink_bytes >> 20),
                 (unsigned long long)st.sinks_crossed, (unsigned long long)st.send_sm_received,
-                (unsigned long long)st.credit_stalls, (unsigned long long)st.msgs_received);
+                (unsigned long long)st.credit_stalls, (unsigned long long)st.msgs_received,
+                (unsigned long long)(st.ring_lent_bytes >> 20), (unsigned long long)st.ring_lends);
     }
     s_close(&c);
     free(b);
@@ -352,6 +397,8 @@ int main(int argc, char **argv)
         } else if (!strcmp(a, "--zcopy") && v) {
             opt_zcopy = atoi(v);
             i++;
+        } else if (!strcmp(a, "--only-sdp")) {
+            opt_only_sdp = true;
         } else if (!strcmp(a, "--fixed")) {
             opt_adaptive = 0;
         } else if (!strcmp(a, "--modes") && v) {
@@ -367,14 +414,15 @@ int main(int argc, char **argv)
             i++;
         } else {
             fprintf(stderr, "usage: %s [--kind soft|verbs] [--addr IP] [--seconds S] [--reps N] [--sizes LIST] "
-                            "[--lat-size N] [--zcopy BYTES] [--fixed] [--modes lat,bw]\n", argv[0]);
+                            "[--lat-size N] [--zcopy BYTES] [--fixed] [--only-sdp] [--modes lat,bw]\n", argv[0]);
             return 2;
         }
     }
     uint16_t port[2];
     pid_t pid[2];
-    for (int k = 0; k < 2; k++)
-        pid[k] = start_server(k == 1, &port[k]);
+    int k0 = opt_only_sdp ? 1 : 0;     /* the first kind measured: 0 kernel TCP, 1 SDP */
+    for (int k = k0; k < 2; k++)
+        server_pid[k] = pid[k] = start_server(k == 1, &port[k]);
     FILE *load = fopen("/proc/loadavg", "r");
     char la[64] = "";
     if (load) {
@@ -389,21 +437,27 @@ int main(int argc, char **argv)
         double v[2][64];
         for (int r = 0; r < opt_reps && r < 64; r++)
             for (int k = 0; k < 2; k++)
-                v[k][r] = run_lat(k == 1, port[k]);
+                v[k][r] = k >= k0 ? run_lat(k == 1, port[k]) : 1;
         double t = median(v[0], opt_reps), s = median(v[1], opt_reps);
-        printf("lat_rtt_us,%zu,%.2f,%.2f,%.2f\n", opt_lat_size, t, s, s / t);
+        if (k0)
+            printf("lat_rtt_us,%zu,-,%.2f,-\n", opt_lat_size, s);
+        else
+            printf("lat_rtt_us,%zu,%.2f,%.2f,%.2f\n", opt_lat_size, t, s, s / t);
     }
     if (opt_bw) {
         for (int i = 0; i < opt_nsizes; i++) {
             double v[2][64];
             for (int r = 0; r < opt_reps && r < 64; r++)
                 for (int k = 0; k < 2; k++)
-                    v[k][r] = run_bw(k == 1, port[k], opt_sizes[i]);
+                    v[k][r] = k >= k0 ? run_bw(k == 1, port[k], opt_sizes[i]) : 1;
             double t = median(v[0], opt_reps), s = median(v[1], opt_reps);
-            printf("bw_mb_s,%zu,%.0f,%.0f,%.2f\n", opt_sizes[i], t, s, s / t);
+            if (k0)
+                printf("bw_mb_s,%zu,-,%.0f,-\n", opt_sizes[i], s);
+            else
+                printf("bw_mb_s,%zu,%.0f,%.0f,%.2f\n", opt_sizes[i], t, s, s / t);
         }
     }
-    for (int k = 0; k < 2; k++)
+    for (int k = k0; k < 2; k++)
         stop_server(k == 1, port[k], pid[k]);
     return 0;
 }

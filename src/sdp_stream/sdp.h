@@ -177,13 +177,16 @@ void rs_sdp_interest(struct rs_sdp_sock *s, unsigned events, int delta);
  * SO_ACCEPTCONN, SO_DOMAIN, SO_PROTOCOL.
  * IPPROTO_TCP: TCP_NODELAY, TCP_CORK, TCP_KEEPIDLE, TCP_KEEPINTVL, TCP_KEEPCNT, TCP_MAXSEG (get), TCP_INFO (get).
  * RS_SOL_SDP: RS_SDP_ZCOPY_THRESHOLD (int bytes; 0 turns zero copy off for this socket, -1 restores the default),
- * RS_SDP_ZCOPY_ADAPTIVE (int bool), RS_SDP_STATS (get, struct rs_sdp_stats).
+ * RS_SDP_ZCOPY_ADAPTIVE (int bool), RS_SDP_STATS (get, struct rs_sdp_stats), RS_SDP_LEND_RING (int: 1 lends the
+ * send ring's bytes by SrcAvail from the zero-copy threshold, 0 never, -1 the default: on an RNIC that moves
+ * payload itself, docs/sdp.md "Lending the send ring").
  * Anything else: -ENOPROTOOPT.
  */
 #define RS_SOL_SDP 0x5344               /* "SD" */
 #define RS_SDP_ZCOPY_THRESHOLD 1
 #define RS_SDP_ZCOPY_ADAPTIVE 2
 #define RS_SDP_STATS 3
+#define RS_SDP_LEND_RING 4
 
 #define RS_SDP_ZCOPY_DEFAULT_THRESHOLD (64u * 1024u)
 
@@ -216,6 +219,8 @@ struct rs_sdp_stats {
     uint64_t quiet_sends;                           /* small Data messages posted without a completion */
     uint64_t spins;                                 /* blocking waits that polled before sleeping */
     uint64_t spin_catches;                          /* ... whose spin got what it waited for (RDMASOCK_SPIN_US) */
+    uint64_t ring_lent_bytes;                       /* sent by SrcAvail over the send ring (peer read them) */
+    uint64_t ring_lends;                            /* such SrcAvails */
 };
 
 int rs_sdp_setsockopt(struct rs_sdp_sock *s, int level, int name, const void *val, socklen_t len);

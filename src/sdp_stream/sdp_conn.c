@@ -109,10 +109,15 @@ int rs_sdp_setup_rings(struct rs_sdp_sock *s)
     if (!s->rbuf_mem || !s->sbuf_mem || !s->hdr_mem || !s->slots || !s->rxq || !s->rx_repost)
         return -ENOMEM;
     memset(s->hdr_mem, 0, (size_t)sq * SDP_HDR_SLOT);
+    /* The peer can read the whole ring (its MR allows remote reads): nothing of the heap's past may be in it. */
+    memset(s->sbuf_mem, 0, s->sbuf_size);
     struct rs_rnic_pd *pd = s->dev->pd;
     int r = rs_rnic_reg_mr(pd, s->rbuf_mem, (size_t)nbufs * rbuf, RS_ACCESS_LOCAL_WRITE, &s->rbuf_mr);
     if (r == 0)
-        r = rs_rnic_reg_mr(pd, s->sbuf_mem, s->sbuf_size, RS_ACCESS_LOCAL_WRITE, &s->sbuf_mr);
+        /* Remote read: the peer may RDMA-read the bytes we lend it from the ring (docs/sdp.md "Lending the send
+         * ring"); it only ever sees this connection's own stream. */
+        r = rs_rnic_reg_mr(pd, s->sbuf_mem, s->sbuf_size, RS_ACCESS_LOCAL_WRITE | RS_ACCESS_REMOTE_READ,
+                           &s->sbuf_mr);
     if (r == 0)
         r = rs_rnic_reg_mr(pd, s->hdr_mem, (size_t)sq * SDP_HDR_SLOT, RS_ACCESS_LOCAL_WRITE, &s->hdr_mr);
     if (r == 0)
@@ -343,6 +348,7 @@ static void child_inherit(struct rs_sdp_sock *c, const struct rs_sdp_sock *l)
     c->zerocopy_opt = l->zerocopy_opt;
     c->zcopy_opt = l->zcopy_opt;
     c->zcopy_adaptive = l->zcopy_adaptive;
+    c->lend_ring_opt = l->lend_ring_opt;
     c->local = l->local;
     c->public_port = l->public_port;
     c->bound = true;

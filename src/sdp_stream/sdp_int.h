@@ -310,6 +310,21 @@ struct rs_sdp_sock {
         uint64_t posted_ms;
         struct sdp_reg *reg;
     } zsrc;
+    /* Our SrcAvail over bytes of the send ring (sdp_zcopy.c "Lending the ring"): send() has returned, the peer
+     * RDMA-reads them from the ring. Ring bytes it acknowledged are freed in ring order: only once the SrcAvail's
+     * own work request has retired (every earlier Data message then has). */
+    struct {
+        bool active;                /* outstanding: no other data-bearing message until it is resolved */
+        bool cancel_sent;
+        bool slot_open;             /* the SrcAvail's send slot has not retired yet */
+        uint32_t slot, mseq, len, acked;
+        uint32_t hold;              /* acknowledged bytes waiting for slot_open to clear */
+        uint64_t ring_pos;          /* stream position of its first byte */
+        uint64_t idle_from_ms;      /* posted, or last acknowledgement: the idle cancel counts from here */
+        uint64_t cancel_deadline;
+        uint32_t skip, backoff;     /* after a SendSm: regions sent by copy before lending again, and the next */
+    } rsrc;
+    int lend_ring_opt;              /* RS_SDP_LEND_RING: -1 auto, 0 off, 1 on */
     struct {                        /* the peer's SinkAvail we accepted (we send into it) */
         bool active;
         uint32_t mseq, len, rkey;
@@ -536,6 +551,11 @@ uint32_t rs_sdp_zthresh(const struct rs_sdp_sock *s);
 void rs_sdp_z_on_msg(struct rs_sdp_sock *s, const struct rs_sdp_bsdh *h, const struct rs_sdp_avail *avail,
                      uint32_t compl_len);
 void rs_sdp_z_on_read_complete(struct rs_sdp_sock *s, const struct rs_rnic_wc *wc);
+/* Sender: offer the ring's pending bytes by SrcAvail (sdp_zcopy.c "lending the send ring"); true if it posted one
+ * (or failed the connection trying). Lock held. */
+bool rs_sdp_z_lend_ring(struct rs_sdp_sock *s);
+/* The lending SrcAvail's send slot retired: the ring bytes read so far are free. */
+void rs_sdp_z_ring_slot_retired(struct rs_sdp_sock *s);
 /* Sender: push pending ring bytes into an accepted peer sink; lock held. Returns true if it did anything. */
 bool rs_sdp_z_push_sink(struct rs_sdp_sock *s, bool force);
 /* Sender: blocking zero-copy of [buf, len) through SrcAvail or the peer's sink. Returns bytes sent (may be short:

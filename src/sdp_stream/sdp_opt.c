@@ -200,6 +200,10 @@ int rs_sdp_setsockopt(struct rs_sdp_sock *s, int level, int name, const void *va
             if ((r = get_int(val, len, &v)) == 0)
                 s->zcopy_adaptive = v != 0;
             break;
+        case RS_SDP_LEND_RING:
+            if ((r = get_int(val, len, &v)) == 0)
+                s->lend_ring_opt = v < 0 ? -1 : v != 0;
+            break;
         default:
             r = -ENOPROTOOPT;
         }
@@ -398,6 +402,9 @@ int rs_sdp_getsockopt(struct rs_sdp_sock *s, int level, int name, void *val, soc
             break;
         case RS_SDP_ZCOPY_ADAPTIVE:
             r = put_int(val, len, s->zcopy_adaptive);
+            break;
+        case RS_SDP_LEND_RING:
+            r = put_int(val, len, s->lend_ring_opt);
             break;
         case RS_SDP_STATS: {
             struct rs_sdp_stats st = s->stats;

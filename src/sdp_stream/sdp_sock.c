@@ -102,6 +102,27 @@ static int thread_wait_fd(void)
 
 /* ---- objects ---- */
 
+/* RDMASOCK_LEND_RING=auto|on|off: the default of RS_SDP_LEND_RING (docs/sdp.md "Lending the send ring"). */
+static int lend_ring_default(void)
+{
+    static int cached = -2;
+    int v = __atomic_load_n(&cached, __ATOMIC_RELAXED);
+    if (v != -2)
+        return v;
+    const char *e = getenv("RDMASOCK_LEND_RING");
+    v = -1;
+    if (e && *e && strcmp(e, "auto") != 0) {
+        if (strcmp(e, "on") == 0)
+            v = 1;
+        else if (strcmp(e, "off") == 0)
+            v = 0;
+        else
+            RS_WARN("sdp: RDMASOCK_LEND_RING='%s' is not auto, on or off; using auto", e);
+    }
+    __atomic_store_n(&cached, v, __ATOMIC_RELAXED);
+    return v;
+}
+
 struct rs_sdp_sock *rs_sdp_sock_alloc(int family, int kind)
 {
     struct rs_sdp_sock *s = calloc(1, sizeof(*s));
@@ -129,6 +150,7 @@ struct rs_sdp_sock *rs_sdp_sock_alloc(int family, int kind)
     s->ka_cnt = SDP_KA_CNT_DEFAULT;
     s->zcopy_opt = -1;
     s->zcopy_adaptive = true;
+    s->lend_ring_opt = lend_ring_default();
     s->tx_mseq_next = 1;
     s->hb.fd = -1;
     return s;

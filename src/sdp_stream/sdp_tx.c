@@ -186,6 +186,8 @@ void rs_sdp_on_send_complete(struct rs_sdp_sock *s, const struct rs_rnic_wc *wc)
     }
     while (s->sq_used > 0 && s->slots[s->sq_tail].done) {
         struct sdp_slot *t = &s->slots[s->sq_tail];
+        if (s->rsrc.slot_open && s->sq_tail == s->rsrc.slot)
+            rs_sdp_z_ring_slot_retired(s);
         if (t->kind == SDP_SLOT_MSG || t->kind == SDP_SLOT_WRITE) {
             if (t->ring_bytes) {
                 s->tx_done += t->ring_bytes;
@@ -219,7 +221,7 @@ uint64_t rs_sdp_tx_unacked(const struct rs_sdp_sock *s)
 
 bool rs_sdp_tx_flushed(const struct rs_sdp_sock *s)
 {
-    return s->tx_tail == s->tx_posted && s->sq_used == 0;
+    return s->tx_tail == s->tx_posted && s->sq_used == 0 && !s->rsrc.active;
 }
 
 void rs_sdp_tx_push(struct rs_sdp_sock *s, bool force)
@@ -238,11 +240,16 @@ void rs_sdp_tx_push(struct rs_sdp_sock *s, bool force)
                 break;
             continue;
         }
-        if (s->zsrc.active)
-            break;
+        if (s->zsrc.active || s->rsrc.active)
+            break;      /* nothing follows an outstanding SrcAvail */
         uint64_t pending = s->tx_tail - s->tx_posted;
         if (pending == 0)
             break;
+        if (rs_sdp_z_lend_ring(s)) {
+            if (s->broken)
+                return;
+            break;
+        }
         uint32_t goal = s->peer_rbuf_size - RS_SDP_BSDH_LEN;
         uint32_t n = pending < goal ? (uint32_t)pending : goal;
         if (n < goal && !force && !s->wr_shut) {
@@ -275,7 +282,7 @@ void rs_sdp_tx_push(struct rs_sdp_sock *s, bool force)
     if (stalled && !s->tx_stalled)
         s->stats.credit_stalls++;
     s->tx_stalled = stalled;
-    if (s->wr_shut && !s->disconn_sent && s->tx_tail == s->tx_posted && !s->zsrc.active &&
+    if (s->wr_shut && !s->disconn_sent && s->tx_tail == s->tx_posted && !s->zsrc.active && !s->rsrc.active &&
         rs_sdp_can_send_data(s)) {
         if (rs_sdp_post_msg(s, RS_SDP_MID_DISCONN, NULL, 0, 0, 0) != 0) {
             rs_sdp_fail(s, ECONNRESET, false);

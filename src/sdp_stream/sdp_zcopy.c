@@ -240,6 +240,120 @@ static void send_sm(struct rs_sdp_sock *s)
     rs_sdp_z_flush_owed(s);
 }
 
+/* ---- sender: lending the send ring ----
+ *
+ * A send() copies into the ring and returns, as in buffered copy; bytes waiting there from the threshold on are
+ * then offered by SrcAvail over the ring itself, and the receiver RDMA-reads them into its application's buffer.
+ * The stream stays pipelined (the application fills the ring while the peer reads the previous region), the
+ * receiver's copy out of its own ring disappears, and the transfer is driven by the reader's RNIC work request.
+ * On rxe that moves the kernel's packet work from the writer's CPU to the reader's (docs/sdp.md "Lending the
+ * send ring"). Nothing follows an outstanding SrcAvail, so a SendSm (the reader would rather copy: MSG_PEEK, a
+ * small read, our cancel) rewinds the stream to the first unread byte, which then goes as Data from the ring. */
+
+static bool lend_ring_wanted(const struct rs_sdp_sock *s)
+{
+    if (s->lend_ring_opt == 0)
+        return false;
+    /* Where the RNIC copies every payload byte itself (soft), a READ saves nothing over a SEND. */
+    return s->lend_ring_opt > 0 || !s->dev->caps->copies_payload;
+}
+
+bool rs_sdp_z_lend_ring(struct rs_sdp_sock *s)
+{
+    uint32_t zt = rs_sdp_zthresh(s);
+    if (!zt || s->rsrc.active || s->rsrc.slot_open || s->zsrc.active || s->psink.active ||
+        s->state != SDP_ST_CONNECTED || s->hb.phase != SDP_HB_NONE || !lend_ring_wanted(s))
+        return false;
+    uint64_t pending = s->tx_tail - s->tx_posted;
+    if (pending < zt)
+        return false;
+    if (s->rsrc.skip) {
+        s->rsrc.skip--;
+        return false;
+    }
+    /* One contiguous piece: at the ring's end the rest goes by copy and the next region starts at its start. */
+    uint32_t off = (uint32_t)(s->tx_posted % s->sbuf_size);
+    uint32_t n = rdma_cap(s, pending < s->sbuf_size - off ? pending : s->sbuf_size - off);
+    /* At most half the ring: the application fills the other half while the reader reads this one. */
+    if (n > s->sbuf_size / 2)
+        n = s->sbuf_size / 2;
+    if (n < zt || !rs_sdp_can_send_data(s))
+        return false;
+    struct rs_sdp_avail a = { .len = n, .rkey = s->sbuf_mr->rkey, .vaddr = (uint64_t)(uintptr_t)(s->sbuf_mem + off) };
+    uint32_t slot = s->sq_head;
+    uint32_t mseq = s->tx_mseq_next;
+    if (rs_sdp_post_msg(s, RS_SDP_MID_SRC_AVAIL, &a, 0, 0, 0) != 0) {
+        rs_sdp_fail(s, ECONNRESET, false);
+        return true;
+    }
+    s->rsrc.active = true;
+    s->rsrc.cancel_sent = false;
+    s->rsrc.slot_open = true;
+    s->rsrc.slot = slot;
+    s->rsrc.mseq = mseq;
+    s->rsrc.len = n;
+    s->rsrc.acked = 0;
+    s->rsrc.hold = 0;
+    s->rsrc.ring_pos = s->tx_posted;
+    s->rsrc.idle_from_ms = rs_sdp_now_ms();
+    s->tx_posted += n;
+    s->stats.src_avail_sent++;
+    s->stats.ring_lends++;
+    return true;
+}
+
+/* Ring bytes the peer has read are free again, in ring order: after every earlier message's (so after the
+ * SrcAvail's own work request retired). */
+static void ring_release(struct rs_sdp_sock *s, uint32_t n)
+{
+    if (s->rsrc.slot_open) {
+        s->rsrc.hold += n;
+        return;
+    }
+    s->tx_done += n;
+    s->dirty = true;
+}
+
+void rs_sdp_z_ring_slot_retired(struct rs_sdp_sock *s)
+{
+    s->rsrc.slot_open = false;
+    if (s->rsrc.hold) {
+        s->tx_done += s->rsrc.hold;
+        s->rsrc.hold = 0;
+        s->dirty = true;
+    }
+}
+
+static void ring_read(struct rs_sdp_sock *s, uint32_t n)
+{
+    if (n > s->rsrc.len - s->rsrc.acked) {
+        RS_WARN("sdp: RdmaRdCompl of %u bytes for %u lent", n, s->rsrc.len - s->rsrc.acked);
+        rs_sdp_fail(s, EPROTO, true);
+        return;
+    }
+    s->rsrc.acked += n;
+    s->rsrc.idle_from_ms = rs_sdp_now_ms();
+    s->stats.ring_lent_bytes += n;
+    s->stats.zcopy_src_bytes += n;
+    ring_release(s, n);
+    if (s->rsrc.acked == s->rsrc.len) {
+        s->rsrc.active = false;
+        s->rsrc.backoff = 0;
+        s->dirty = true;
+    }
+}
+
+/* SendSm: what was not read goes as Data from the ring (nothing was sent after the SrcAvail). A reader that keeps
+ * declining gets copies for 2, 4, ... up to 1024 regions before the next offer. */
+static void ring_by_copy(struct rs_sdp_sock *s)
+{
+    s->tx_posted = s->rsrc.ring_pos + s->rsrc.acked;
+    s->rsrc.active = false;
+    s->rsrc.backoff = s->rsrc.backoff ? (s->rsrc.backoff < 1024 ? s->rsrc.backoff * 2 : 1024) : 2;
+    s->rsrc.skip = s->rsrc.backoff;
+    s->dirty = true;
+}
+
 void rs_sdp_z_on_msg(struct rs_sdp_sock *s, const struct rs_sdp_bsdh *h, const struct rs_sdp_avail *avail,
                      uint32_t compl_len)
 {
@@ -285,6 +399,10 @@ void rs_sdp_z_on_msg(struct rs_sdp_sock *s, const struct rs_sdp_bsdh *h, const s
         send_sm(s);
         return;
     case RS_SDP_MID_RDMA_RD_COMPL:
+        if (s->rsrc.active) {
+            ring_read(s, compl_len);
+            return;
+        }
         if (!s->zsrc.active || s->zsrc.resolved || compl_len > s->zsrc.len - s->zsrc.acked) {
             RS_WARN("sdp: unexpected RdmaRdCompl of %u bytes", compl_len);
             rs_sdp_fail(s, EPROTO, true);
@@ -296,6 +414,10 @@ void rs_sdp_z_on_msg(struct rs_sdp_sock *s, const struct rs_sdp_bsdh *h, const s
         return;
     case RS_SDP_MID_SEND_SM:
         s->stats.send_sm_received++;
+        if (s->rsrc.active) {
+            ring_by_copy(s);
+            return;
+        }
         if (s->zsrc.active && !s->zsrc.resolved) {
             s->zsrc.resolved = true;
             s->zsrc.send_sm = true;
@@ -307,7 +429,7 @@ void rs_sdp_z_on_msg(struct rs_sdp_sock *s, const struct rs_sdp_bsdh *h, const s
             s->stats.sinks_crossed++;
             return;
         }
-        if (s->psink.active || (s->zsrc.active && !s->zsrc.resolved)) {
+        if (s->psink.active || (s->zsrc.active && !s->zsrc.resolved) || s->rsrc.active) {
             RS_WARN("sdp: SinkAvail while the stream has another advertisement outstanding");
             rs_sdp_fail(s, EPROTO, true);
             return;
@@ -363,6 +485,7 @@ void rs_sdp_z_on_write_complete(struct rs_sdp_sock *s, const struct rs_rnic_wc *
 void rs_sdp_z_fail(struct rs_sdp_sock *s)
 {
     s->zsrc.resolved = true;
+    s->rsrc.active = false;
     s->sink.dead = true;
     s->psink.active = false;
     s->owed_rd_compl = 0;
@@ -371,20 +494,46 @@ void rs_sdp_z_fail(struct rs_sdp_sock *s)
     s->dirty = true;
 }
 
-uint64_t rs_sdp_z_deadline(const struct rs_sdp_sock *s)
+/* When an unanswered cancel resets the connection (0: none). */
+static uint64_t cancel_deadline(const struct rs_sdp_sock *s)
 {
     uint64_t d = 0;
     if (s->zsrc.active && s->zsrc.cancel_sent && !s->zsrc.resolved)
         d = s->zsrc_cancel_deadline;
+    if (s->rsrc.active && s->rsrc.cancel_sent && (d == 0 || s->rsrc.cancel_deadline < d))
+        d = s->rsrc.cancel_deadline;
     if (s->sink.active && s->sink.cancel_sent && !s->sink.cancel_acked && s->sink.cancel_deadline &&
         (d == 0 || s->sink.cancel_deadline < d))
         d = s->sink.cancel_deadline;
     return d;
 }
 
+/* When a lent ring region nobody reads is taken back (0: none): after SDP_SRCAVAIL_IDLE_MS without a read, at
+ * once during a hand-back. */
+static uint64_t ring_idle_deadline(const struct rs_sdp_sock *s)
+{
+    if (!s->rsrc.active || s->rsrc.cancel_sent)
+        return 0;
+    return s->hb.phase != SDP_HB_NONE ? 1 : s->rsrc.idle_from_ms + SDP_SRCAVAIL_IDLE_MS;
+}
+
+uint64_t rs_sdp_z_deadline(const struct rs_sdp_sock *s)
+{
+    uint64_t d = cancel_deadline(s), idle = ring_idle_deadline(s);
+    return idle && (d == 0 || idle < d) ? idle : d;
+}
+
 void rs_sdp_z_timer(struct rs_sdp_sock *s, uint64_t now)
 {
-    uint64_t d = rs_sdp_z_deadline(s);
+    uint64_t idle = ring_idle_deadline(s);
+    if (idle && now >= idle && post_ctrl(s, RS_SDP_MID_SRC_CANCEL, 0)) {
+        /* As for a lent application buffer: the peer finishes a READ in flight, acknowledges it, and answers
+         * SendSm for the rest, which goes by copy into its ring (ring_by_copy). */
+        s->rsrc.cancel_sent = true;
+        s->rsrc.cancel_deadline = now + SDP_CANCEL_TIMEOUT_MS;
+        s->stats.src_cancels++;
+    }
+    uint64_t d = cancel_deadline(s);
     if (d && now >= d) {
         RS_WARN("sdp: the peer did not answer a zero-copy cancel within %u ms: resetting", SDP_CANCEL_TIMEOUT_MS);
         rs_sdp_fail(s, ETIMEDOUT, true);
@@ -517,14 +666,14 @@ ssize_t rs_sdp_z_send(struct rs_sdp_sock *s, const uint8_t *buf, size_t len, uin
         (!zt || len < zt || !rs_sdp_z_choose_src(s, len) || !rs_sdp_reg_worth(s->dev->cache, buf, len, zt)))
         return 0;
     /* Stream order: what is already buffered goes first. */
-    while (s->tx_posted != s->tx_tail || (!s->psink.active && !rs_sdp_can_send_data(s))) {
+    while (s->tx_posted != s->tx_tail || s->rsrc.active || (!s->psink.active && !rs_sdp_can_send_data(s))) {
         if (s->hb.phase != SDP_HB_NONE)
             return 0;   /* a hand-back waits for this thread: lend nothing */
         rs_sdp_tx_push(s, true);
         rs_sdp_progress(s);
         if (s->broken || s->state != SDP_ST_CONNECTED)
             return -EPIPE;
-        if (s->tx_posted == s->tx_tail && (s->psink.active || rs_sdp_can_send_data(s)))
+        if (s->tx_posted == s->tx_tail && !s->rsrc.active && (s->psink.active || rs_sdp_can_send_data(s)))
             break;
         int r = wait_step(s, deadline, true);
         if (r != 0 || s->app_closed) {

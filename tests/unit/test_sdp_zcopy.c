@@ -21,6 +21,15 @@ static void zcopy_64k_fixed(struct rs_sdp_sock *s)
 {
     set_int(s, RS_SOL_SDP, RS_SDP_ZCOPY_THRESHOLD, 65536);
     set_int(s, RS_SOL_SDP, RS_SDP_ZCOPY_ADAPTIVE, 0);
+    /* These tests count the SrcAvails of lent application buffers: the ring is not lent (on verbs it would be). */
+    set_int(s, RS_SOL_SDP, RS_SDP_LEND_RING, 0);
+}
+
+/* Lending the send ring, on any RNIC (on the soft RNIC only when asked). */
+static void lend_ring_on(struct rs_sdp_sock *s)
+{
+    set_int(s, RS_SOL_SDP, RS_SDP_ZCOPY_THRESHOLD, 65536);
+    set_int(s, RS_SOL_SDP, RS_SDP_LEND_RING, 1);
 }
 
 /* The default threshold, asked for: adaptive, and on whatever the RNIC. */
@@ -760,6 +769,132 @@ static void test_sink_choice_is_measured(void **state)
     rs_sdp_close(a);
 }
 
+/* ---- lending the send ring ---- */
+
+struct lend_writer {
+    struct rs_sdp_sock *s;
+    size_t total;
+    uint32_t seed;
+    ssize_t error;
+};
+
+/* Random writes of 1 B..600 KiB of the pattern stream, some nonblocking, each buffer scribbled over once send()
+ * returned (the bytes sent must be the ones it had then). */
+static void *lend_writer_main(void *p)
+{
+    struct lend_writer *w = p;
+    uint8_t *buf = malloc(600u << 10);
+    unsigned rnd = w->seed;
+    size_t done = 0;
+    while (done < w->total) {
+        size_t n = 1 + (size_t)rand_r(&rnd) % (600u << 10);
+        if (rand_r(&rnd) % 4 == 0)
+            n = 1 + (size_t)rand_r(&rnd) % 2000;
+        if (n > w->total - done)
+            n = w->total - done;
+        fill_pattern(buf, n, w->seed, done);
+        int flags = rand_r(&rnd) % 3 == 0 ? MSG_DONTWAIT : 0;
+        ssize_t r = rs_sdp_send(w->s, buf, n, flags);
+        if (r == -EAGAIN) {
+            wait_mask(w->s, POLLOUT, 1000);
+            continue;
+        }
+        if (r <= 0) {
+            w->error = r ? r : -EIO;
+            break;
+        }
+        memset(buf, 0xee, (size_t)r);
+        done += (size_t)r;
+    }
+    free(buf);
+    return NULL;
+}
+
+static void test_lend_ring_stream(void **state)
+{
+    (void)state;
+    struct rs_sdp_sock *c, *a;
+    sdp_pair_opts(&c, &a, lend_ring_on);
+    size_t total = sdp_kind() == RS_RNIC_KIND_VERBS ? (24u << 20) : (256u << 20);
+    struct lend_writer w = { c, total, 41, 0 };
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, lend_writer_main, &w), 0);
+    /* The reader: random sizes, small reads (copied: SendSm), peeks that must see the stream without taking it,
+     * and now and then a pause long enough for the idle cancel. */
+    uint8_t *buf = malloc(1u << 20);
+    unsigned rnd = 7;
+    size_t got = 0;
+    while (got < total) {
+        size_t want = 1 + (size_t)rand_r(&rnd) % (1u << 20);
+        int kind = rand_r(&rnd) % 16;
+        if (kind < 2)
+            want = 1 + (size_t)rand_r(&rnd) % 3000;
+        if (kind == 15 && sdp_kind() != RS_RNIC_KIND_VERBS)
+            usleep(250000);
+        int flags = kind == 2 ? MSG_PEEK : 0;
+        if (want > total - got)
+            want = total - got;
+        ssize_t n = rs_sdp_recv(a, buf, want, flags);
+        if (n <= 0)
+            fail_msg("recv at %zu: %zd", got, n);
+        long bad = check_pattern(buf, (size_t)n, 41, got);
+        if (bad >= 0)
+            fail_msg("stream differs at %zu (%s)", got + (size_t)bad, flags ? "peek" : "read");
+        if (!flags)
+            got += (size_t)n;
+    }
+    pthread_join(t, NULL);
+    assert_int_equal(w.error, 0);
+    struct rs_sdp_stats sc = sdp_stats(c), sa = sdp_stats(a);
+    print_message("# %zu MiB: %llu lends, %llu MiB read from the ring, %llu SendSm, %llu cancels\n", total >> 20,
+                  (unsigned long long)sc.ring_lends, (unsigned long long)(sc.ring_lent_bytes >> 20),
+                  (unsigned long long)sc.send_sm_received, (unsigned long long)sc.src_cancels);
+    assert_true(sc.ring_lends > 0);
+    assert_true(sc.ring_lent_bytes > 0);
+    assert_true(sa.zcopy_read_bytes >= sc.ring_lent_bytes);
+    assert_int_equal(sc.send_sm_received, sa.send_sm_sent);
+    /* Everything sent was acknowledged: the ring is empty again. */
+    int outq = -1;
+    for (int i = 0; i < 100 && outq != 0; i++) {
+        outq = rs_sdp_outq(c);
+        if (outq)
+            usleep(10000);
+    }
+    assert_int_equal(outq, 0);
+    free(buf);
+    rs_sdp_close(c);
+    rs_sdp_close(a);
+}
+
+static void test_lend_ring_send_returns(void **state)
+{
+    (void)state;
+    struct rs_sdp_sock *c, *a;
+    sdp_pair_opts(&c, &a, lend_ring_on);
+    size_t len = 512u << 10;
+    uint8_t *data = malloc(len), *got = malloc(len + 1);
+    fill_pattern(data, len, 42, 0);
+    /* Nobody reads for a second. A nonblocking send() (which cannot lend its own buffer) copies into the ring and
+     * returns; the ring's bytes are lent, taken back after SDP_SRCAVAIL_IDLE_MS and sent by copy; the half-close
+     * comes after every byte. */
+    assert_int_equal(rs_sdp_send(c, data, len, MSG_DONTWAIT), (ssize_t)len);
+    memset(data, 0xee, len);
+    assert_int_equal(rs_sdp_shutdown(c, SHUT_WR), 0);
+    usleep(1000000);
+    struct rs_sdp_stats sc = sdp_stats(c);
+    assert_true(sc.ring_lends >= 1);
+    assert_true(sc.src_cancels >= 1);
+    recv_all(a, got, len);
+    long bad = check_pattern(got, len, 42, 0);
+    if (bad >= 0)
+        fail_msg("stream differs at %ld", bad);
+    assert_int_equal(rs_sdp_recv(a, got, 1, 0), 0);
+    free(data);
+    free(got);
+    rs_sdp_close(c);
+    rs_sdp_close(a);
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -778,6 +913,8 @@ int main(void)
         cmocka_unit_test(test_sink_killed_by_disconn_reports_eof),
         cmocka_unit_test(test_sink_choice_is_measured),
         cmocka_unit_test(test_default_follows_rnic),
+        cmocka_unit_test(test_lend_ring_stream),
+        cmocka_unit_test(test_lend_ring_send_returns),
     };
     /* SDP_TEST_FILTER / SDP_TEST_SKIP: glob patterns on test names, to run a subset by hand */
     if (getenv("SDP_TEST_FILTER"))
