@@ -317,7 +317,7 @@ struct rs_sdp_sock {
         bool active;                /* outstanding: no other data-bearing message until it is resolved */
         bool cancel_sent;
         bool slot_open;             /* the SrcAvail's send slot has not retired yet */
-        uint32_t slot, mseq, len, acked;
+        uint32_t slot, len, acked;
         uint32_t hold;              /* acknowledged bytes waiting for slot_open to clear */
         uint64_t ring_pos;          /* stream position of its first byte */
         uint64_t idle_from_ms;      /* posted, or last acknowledgement: the idle cancel counts from here */

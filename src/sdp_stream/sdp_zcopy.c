@@ -281,7 +281,6 @@ bool rs_sdp_z_lend_ring(struct rs_sdp_sock *s)
         return false;
     struct rs_sdp_avail a = { .len = n, .rkey = s->sbuf_mr->rkey, .vaddr = (uint64_t)(uintptr_t)(s->sbuf_mem + off) };
     uint32_t slot = s->sq_head;
-    uint32_t mseq = s->tx_mseq_next;
     if (rs_sdp_post_msg(s, RS_SDP_MID_SRC_AVAIL, &a, 0, 0, 0) != 0) {
         rs_sdp_fail(s, ECONNRESET, false);
         return true;
@@ -290,7 +289,6 @@ bool rs_sdp_z_lend_ring(struct rs_sdp_sock *s)
     s->rsrc.cancel_sent = false;
     s->rsrc.slot_open = true;
     s->rsrc.slot = slot;
-    s->rsrc.mseq = mseq;
     s->rsrc.len = n;
     s->rsrc.acked = 0;
     s->rsrc.hold = 0;
