@@ -339,7 +339,8 @@ static double run_bw(bool sdp, uint16_t port, size_t size)
         socklen_t len = sizeof(st);
         rs_sdp_getsockopt(c.s, RS_SOL_SDP, RS_SDP_STATS, &st, &len);
         fprintf(stderr, "# %zu: data msgs %llu, SrcAvail %llu (%llu MiB), into sinks %llu MiB, crossed %llu, "
-                        "SendSm %llu, credit stalls %llu, credit updates received as msgs %llu, ring lent %llu MiB in %llu\n", size,
+                        "SendSm %llu, credit stalls %llu, credit updates received as msgs %llu, ring lent %llu MiB "
+                        "in %llu\n", size,
                 (unsigned long long)st.data_msgs_sent, (unsigned long long)st.src_avail_sent,
                 (unsigned long long)(st.zcopy_src_bytes >> 20), (unsigned long long)(st.zcopy_sink_bytes >> 20),
                 (unsigned long long)st.sinks_crossed, (unsigned long long)st.send_sm_received,

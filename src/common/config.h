@@ -34,6 +34,9 @@ enum rs_role { RS_ROLE_SERVER, RS_ROLE_CLIENT, RS_ROLE_ANY };
 /* RS_TRANSPORT_OFF only comes from RDMASOCK_TRANSPORT (rs_parse_transport); rules say `use kernel` instead. */
 enum rs_transport { RS_TRANSPORT_AUTO, RS_TRANSPORT_VERBS, RS_TRANSPORT_SOFT, RS_TRANSPORT_OFF };
 enum rs_stream_mode { RS_STREAM_AUTO, RS_STREAM_BCOPY, RS_STREAM_ZCOPY };
+/* lend_ring=: whether SDP offers its send ring's bytes to the reader by SrcAvail (docs/sdp.md "Lending the send
+ * ring"); auto leaves it to the RNIC (on for verbs, off for soft). */
+enum rs_lend_ring { RS_LEND_RING_AUTO, RS_LEND_RING_ON, RS_LEND_RING_OFF };
 enum rs_dgram_mode { RS_DGRAM_SENDRECV, RS_DGRAM_WRECORD };
 
 struct rs_qos_class {
@@ -58,6 +61,7 @@ struct rs_rule {
     enum rs_transport transport;
     enum rs_stream_mode stream;
     uint32_t zcopy_threshold;   /* bytes; default RS_CONFIG_DEFAULT_ZCOPY_THRESHOLD */
+    enum rs_lend_ring lend_ring;
     enum rs_dgram_mode dgram;
     int qos_index;              /* index into rs_config.qos, -1 = none */
     unsigned line;              /* line in the source file; 0 for built-in defaults */

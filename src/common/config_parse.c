@@ -372,8 +372,9 @@ static int parse_address(struct parser *p, const struct rs_cfg_token *tok, struc
 
 /* ---- use ------------------------------------------------------------------------------------------------ */
 
-enum rule_option { OPT_TRANSPORT, OPT_STREAM, OPT_ZCOPY_THRESHOLD, OPT_DGRAM, OPT_QOS, OPT_COUNT };
-static const char *const option_names[OPT_COUNT] = { "transport", "stream", "zcopy_threshold", "dgram", "qos" };
+enum rule_option { OPT_TRANSPORT, OPT_STREAM, OPT_ZCOPY_THRESHOLD, OPT_LEND_RING, OPT_DGRAM, OPT_QOS, OPT_COUNT };
+static const char *const option_names[OPT_COUNT] = { "transport", "stream", "zcopy_threshold", "lend_ring", "dgram",
+                                                     "qos" };
 
 static int find_qos(const struct rs_config *cfg, struct span name)
 {
@@ -394,7 +395,7 @@ static int parse_rule_option(struct parser *p, const struct rs_cfg_token *tok, u
     if (!equals) {
         if (span_is(s, "program"))
             return fail(p, s.column, "'program GLOB' must come before the address");
-        return fail(p, s.column, "expected OPTION=VALUE (transport, stream, zcopy_threshold, dgram or qos), "
+        return fail(p, s.column, "expected OPTION=VALUE (transport, stream, zcopy_threshold, lend_ring, dgram or qos), "
                     "found %s", quote(s, found));
     }
     struct span key = subspan(s, 0, (size_t)(equals - s.text));
@@ -404,7 +405,8 @@ static int parse_rule_option(struct parser *p, const struct rs_cfg_token *tok, u
         if (span_is(key, "fallback"))
             return fail(p, s.column, "unknown option 'fallback': the mode says it (rdma = no fallback, "
                         "both = fall back to the kernel, kernel = never RDMA)");
-        return fail(p, s.column, "unknown option %s (expected transport, stream, zcopy_threshold, dgram or qos)",
+        return fail(p, s.column,
+                    "unknown option %s (expected transport, stream, zcopy_threshold, lend_ring, dgram or qos)",
                     quote(key, found));
     }
     if (seen_at[option])
@@ -443,6 +445,18 @@ static int parse_rule_option(struct parser *p, const struct rs_cfg_token *tok, u
             return fail(p, s.column, "zcopy_threshold= is only valid on tcp rules");
         return parse_size(p, value, "zcopy_threshold", RS_CONFIG_MIN_ZCOPY_THRESHOLD, RS_CONFIG_MAX_ZCOPY_THRESHOLD,
                           &rule->zcopy_threshold);
+    case OPT_LEND_RING: {
+        static const char *const names[] = { "auto", "on", "off" };
+        static const enum rs_lend_ring values[] = { RS_LEND_RING_AUTO, RS_LEND_RING_ON, RS_LEND_RING_OFF };
+        if (rule->proto != RS_PROTO_TCP)
+            return fail(p, s.column, "lend_ring= is only valid on tcp rules");
+        int index = lookup_word(value, names, 3);
+        if (index < 0)
+            return fail(p, value.column, "expected 'on', 'off' or 'auto' for lend_ring, found %s",
+                        quote(value, found));
+        rule->lend_ring = values[index];
+        return 0;
+    }
     case OPT_DGRAM: {
         static const char *const names[] = { "sendrecv", "wrecord" };
         static const enum rs_dgram_mode values[] = { RS_DGRAM_SENDRECV, RS_DGRAM_WRECORD };

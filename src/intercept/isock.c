@@ -407,6 +407,10 @@ static int make_sdp(struct rs_isock *s, int fd, int family, bool nonblock, struc
                                                               * default */
         if (threshold >= 0)
             (void)rs_sdp_setsockopt(sdp, RS_SOL_SDP, RS_SDP_ZCOPY_THRESHOLD, &threshold, sizeof(threshold));
+        if (s->rule->lend_ring != RS_LEND_RING_AUTO) {
+            int lend = s->rule->lend_ring == RS_LEND_RING_ON;
+            (void)rs_sdp_setsockopt(sdp, RS_SOL_SDP, RS_SDP_LEND_RING, &lend, sizeof(lend));
+        }
     }
     *out = sdp;
     return 0;

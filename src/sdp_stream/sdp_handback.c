@@ -238,9 +238,9 @@ static int capture(struct rs_sdp_sock *s, struct hb_tail *t)
 /* Nothing of ours in flight that the peer must still answer, and no application thread inside a transfer. */
 static bool quiet(const struct rs_sdp_sock *s)
 {
-    return s->state == SDP_ST_CONNECTED && !s->tx_busy && !s->rx_busy && !s->zsrc.active && !s->rsrc.active && !s->sink.active && !s->psrc.active &&
-           !s->psrc.read_out && !s->zwrite_out && s->late_cancel_acks == 0 && s->owed_rd_compl == 0 &&
-           s->owed_sink_cancel_acks == 0 && !s->owed_send_sm;
+    return s->state == SDP_ST_CONNECTED && !s->tx_busy && !s->rx_busy && !s->zsrc.active && !s->rsrc.active &&
+           !s->sink.active && !s->psrc.active && !s->psrc.read_out && !s->zwrite_out && s->late_cancel_acks == 0 &&
+           s->owed_rd_compl == 0 && s->owed_sink_cancel_acks == 0 && !s->owed_send_sm;
 }
 
 /* Alive: connected, or (responder) still waiting for its own ESTABLISHED while the peer's SuspComm is already here:

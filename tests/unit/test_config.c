@@ -323,8 +323,8 @@ static void test_every_rule_option(void **state)
     (void)state;
     struct rs_config *cfg = parse_ok(
         "qos fast sl=1\n"
-        "use both tcp any * transport=verbs stream=zcopy zcopy_threshold=128k qos=fast\n"
-        "use both tcp any * transport=soft stream=bcopy zcopy_threshold=2M\n"
+        "use both tcp any * transport=verbs stream=zcopy zcopy_threshold=128k lend_ring=off qos=fast\n"
+        "use both tcp any * transport=soft stream=bcopy zcopy_threshold=2M lend_ring=on\n"
         "use both tcp any * transport=auto stream=auto zcopy_threshold=1024\n"
         "use both tcp any * zcopy_threshold=1g\n"
         "use both tcp any * zcopy_threshold=1048576\n"
@@ -338,6 +338,9 @@ static void test_every_rule_option(void **state)
     assert_int_equal(r[0].stream, RS_STREAM_ZCOPY);
     assert_int_equal(r[0].zcopy_threshold, 128 * 1024);
     assert_int_equal(r[0].qos_index, 0);
+    assert_int_equal(r[0].lend_ring, RS_LEND_RING_OFF);
+    assert_int_equal(r[1].lend_ring, RS_LEND_RING_ON);
+    assert_int_equal(r[2].lend_ring, RS_LEND_RING_AUTO);
     assert_int_equal(r[1].transport, RS_TRANSPORT_SOFT);
     assert_int_equal(r[1].stream, RS_STREAM_BCOPY);
     assert_int_equal(r[1].zcopy_threshold, 2 * 1024 * 1024);
@@ -354,6 +357,7 @@ static void test_every_rule_option(void **state)
     /* `use kernel udp ... *` is allowed: the kernel never breaks a peer. */
     assert_int_equal(r[8].mode, RS_MODE_KERNEL);
     assert_int_equal(r[8].family, AF_UNSPEC);
+    assert_round_trip(cfg);
     rs_config_free(cfg);
 }
 
@@ -565,7 +569,7 @@ static void test_error_options(void **state)
 {
     (void)state;
     expect_error("use both tcp any * color=blue",
-                 "t.conf:1:20: unknown option 'color' (expected transport, stream, zcopy_threshold, dgram or qos)");
+                 "t.conf:1:20: unknown option 'color' (expected transport, stream, zcopy_threshold, lend_ring, dgram or qos)");
     expect_error("use both tcp any * fallback=no",
                  "t.conf:1:20: unknown option 'fallback': the mode says it (rdma = no fallback, both = fall back to the "
                  "kernel, kernel = never RDMA)");
@@ -574,7 +578,7 @@ static void test_error_options(void **state)
     expect_error("use both tcp any * transport=verbs transport=verbs",
                  "t.conf:1:36: duplicate option 'transport' (first given at column 20)");
     expect_error("use both tcp any * verbs",
-                 "t.conf:1:20: expected OPTION=VALUE (transport, stream, zcopy_threshold, dgram or qos), found 'verbs'");
+                 "t.conf:1:20: expected OPTION=VALUE (transport, stream, zcopy_threshold, lend_ring, dgram or qos), found 'verbs'");
     expect_error("use both tcp any * transport=", "t.conf:1:30: missing value after 'transport='");
     expect_error("use both tcp any * transport=rdma",
                  "t.conf:1:30: expected 'auto', 'verbs' or 'soft' for transport, found 'rdma'");
@@ -586,6 +590,9 @@ static void test_error_options(void **state)
     expect_error("use both udp any 10.0.0.0/8 zcopy_threshold=64k",
                  "t.conf:1:29: zcopy_threshold= is only valid on tcp rules");
     expect_error("use both tcp any * dgram=wrecord", "t.conf:1:20: dgram= is only valid on udp rules");
+    expect_error("use both udp any 10.0.0.0/8 lend_ring=on", "t.conf:1:29: lend_ring= is only valid on tcp rules");
+    expect_error("use both tcp any * lend_ring=yes",
+                 "t.conf:1:30: expected 'on', 'off' or 'auto' for lend_ring, found 'yes'");
     expect_error("use both udp any 10.0.0.0/8 dgram=rc",
                  "t.conf:1:35: expected 'sendrecv' or 'wrecord' for dgram, found 'rc'");
     expect_error("use both tcp any * zcopy_threshold=1023",
