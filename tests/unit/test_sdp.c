@@ -1363,8 +1363,10 @@ static void send_before_arm(void *p)
     if (b->calls++ > 0)
         return;
     b->sent = rs_sdp_send(b->peer, "w", 1, MSG_NOSIGNAL);
-    /* Over verbs the post completes the message into the receiver's CQ before it returns (rxe runs the peer's
-     * responder inline); on the soft RNIC give kernel TCP the moment it needs to queue it at the receiver. */
+    /* The sender has TCP_NODELAY, so the send posts at once (with Nagle the second round's byte waited for an
+     * acknowledgement the receiver never sends, and went out on the sender's 5 ms timer, late under load). Over
+     * verbs the post completes the message into the receiver's CQ before it returns (rxe runs the peer's responder
+     * inline unless busy); on the soft RNIC give kernel TCP the moment it needs to queue it at the receiver. */
     usleep(20000);
 }
 
@@ -1379,6 +1381,7 @@ static void test_message_before_arm_wakes_nobody_late(void **state)
     (void)state;
     struct rs_sdp_sock *c, *s;
     sdp_pair(&c, &s);
+    set_int(s, IPPROTO_TCP, TCP_NODELAY, 1);
     for (int round = 0; round < 3; round++) {
         struct before_arm b = { .peer = s };
         struct rs_sdp_stats before = sdp_stats(c);
