@@ -175,7 +175,7 @@ static void dump_rule(const struct rs_config *cfg, const struct rs_rule *rule, F
         fprintf(out, " transport=%s", rs_transport_name(rule->transport));
     if (rule->stream != RS_STREAM_AUTO)
         fprintf(out, " stream=%s", rs_stream_mode_name(rule->stream));
-    if (rule->zcopy_threshold != RS_CONFIG_DEFAULT_ZCOPY_THRESHOLD)
+    if (rule->zcopy_threshold_given)
         dump_size(out, "zcopy_threshold", rule->zcopy_threshold);
     if (rule->lend_ring != RS_LEND_RING_AUTO)
         fprintf(out, " lend_ring=%s", rule->lend_ring == RS_LEND_RING_ON ? "on" : "off");
@@ -217,6 +217,7 @@ static bool rule_equal(const struct rs_rule *a, const struct rs_rule *b)
            a->family == b->family && memcmp(a->addr, b->addr, sizeof(a->addr)) == 0 &&
            a->prefix_len == b->prefix_len && a->port_lo == b->port_lo && a->port_hi == b->port_hi &&
            a->transport == b->transport && a->stream == b->stream && a->zcopy_threshold == b->zcopy_threshold &&
+           a->zcopy_threshold_given == b->zcopy_threshold_given &&
            a->lend_ring == b->lend_ring && a->dgram == b->dgram && a->qos_index == b->qos_index &&
            a->is_default == b->is_default;
 }

@@ -61,6 +61,8 @@ struct rs_rule {
     enum rs_transport transport;
     enum rs_stream_mode stream;
     uint32_t zcopy_threshold;   /* bytes; default RS_CONFIG_DEFAULT_ZCOPY_THRESHOLD */
+    bool zcopy_threshold_given; /* written on the rule, even at the default value: asks for zero copy wherever
+                                 * the stream layer would otherwise leave it off (the software RNIC) */
     enum rs_lend_ring lend_ring;
     enum rs_dgram_mode dgram;
     int qos_index;              /* index into rs_config.qos, -1 = none */

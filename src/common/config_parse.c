@@ -443,6 +443,7 @@ static int parse_rule_option(struct parser *p, const struct rs_cfg_token *tok, u
     case OPT_ZCOPY_THRESHOLD:
         if (rule->proto != RS_PROTO_TCP)
             return fail(p, s.column, "zcopy_threshold= is only valid on tcp rules");
+        rule->zcopy_threshold_given = true;
         return parse_size(p, value, "zcopy_threshold", RS_CONFIG_MIN_ZCOPY_THRESHOLD, RS_CONFIG_MAX_ZCOPY_THRESHOLD,
                           &rule->zcopy_threshold);
     case OPT_LEND_RING: {

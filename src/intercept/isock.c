@@ -400,7 +400,7 @@ static int make_sdp(struct rs_isock *s, int fd, int family, bool nonblock, struc
         int threshold = -1;
         if (s->rule->stream == RS_STREAM_BCOPY)
             threshold = 0;
-        else if (s->rule->zcopy_threshold != RS_CONFIG_DEFAULT_ZCOPY_THRESHOLD)
+        else if (s->rule->zcopy_threshold_given)
             threshold = (int)s->rule->zcopy_threshold;
         else if (s->rule->stream == RS_STREAM_ZCOPY)
             threshold = RS_SDP_ZCOPY_DEFAULT_THRESHOLD;     /* asked for: on any RNIC, not only where it is the

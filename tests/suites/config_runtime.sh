@@ -84,4 +84,35 @@ else
 fi
 "$RS_TOOL" check-conf "$RS_TOP/conf/rdmasock.conf" >/dev/null 2>"$scratch/ex.err" \
   && tap_ok "the shipped conf/rdmasock.conf is valid" || tap_fail "conf/rdmasock.conf is valid" "$(cat "$scratch/ex.err")"
+
+# A rule's stream options reach the SDP connections it converts, over the software RNIC (tests/helpers/rulecheck:
+# one process writes 24 MiB to itself in nonblocking 256 KiB writes and checks every byte, then asks the writer's
+# socket for its options and statistics). lend_ring= on a rule wins over RDMASOCK_LEND_RING either way; without it
+# the environment decides.
+rulecheck=$RS_BUILD/tests/helpers/rulecheck
+# check_rule NAME RULE_OPTIONS WANT_LEND WANT_LENDS(yes|no) ENV...
+check_rule() {
+  local name=$1 opts=$2 want_lend=$3 want_lends=$4 rport out; shift 4
+  rport=$(( 20000 + RANDOM % 20000 ))
+  printf 'use rdma tcp any 127.0.0.1:%d %s\n' "$rport" "$opts" > "$scratch/rule.conf"
+  out=$(env "$@" RDMASOCK_CONF="$scratch/rule.conf" RDMASOCK_TRANSPORT=soft LD_PRELOAD="$RS_LIB" \
+        timeout 120 "$rulecheck" "$rport" 24 2>"$scratch/rule.err")
+  local status=$? lends
+  lends=$(sed -n 's/.* ring_lends=\([0-9]*\).*/\1/p' <<<"$out")
+  if [ "$status" -eq 0 ] && grep -q '^intact=yes ' <<<"$out" && grep -q " lend_ring=$want_lend " <<<"$out" \
+     && grep -q " threshold=65536 " <<<"$out" \
+     && { { [ "$want_lends" = yes ] && [ "${lends:-0}" -gt 0 ]; } || { [ "$want_lends" = no ] && [ "${lends:-1}" -eq 0 ]; }; }; then
+    tap_ok "rule '$opts' ($*): 24 MiB intact over SDP; $out"
+  else
+    tap_fail "rule '$opts' ($*): lend_ring=$want_lend, ring lent: $want_lends, 24 MiB intact" \
+      "exit $status: $out" "$(tail -n 5 "$scratch/rule.err")"
+  fi
+}
+if [ -x "$rulecheck" ]; then
+  check_rule "lend on" "zcopy_threshold=64k lend_ring=on" 1 yes RDMASOCK_LEND_RING=off
+  check_rule "lend off" "zcopy_threshold=64k lend_ring=off" 0 no RDMASOCK_LEND_RING=on
+  check_rule "lend from env" "zcopy_threshold=64k" 1 yes RDMASOCK_LEND_RING=on
+else
+  tap_fail "rule options reach SDP sockets" "missing $rulecheck (make tests)"
+fi
 tap_done_plan

@@ -331,7 +331,9 @@ static void test_every_rule_option(void **state)
         "use both tcp any * zcopy_threshold=3K\n"
         "use rdma udp any 10.0.0.0/8 dgram=wrecord qos=fast\n"
         "use rdma udp any 10.0.0.0/8 dgram=sendrecv transport=soft\n"
-        "use kernel udp any * dgram=wrecord\n");
+        "use kernel udp any * dgram=wrecord\n"
+        "use both tcp any * zcopy_threshold=64k\n"
+        "use both tcp any *\n");
     const struct rs_rule *r = cfg->rules;
 
     assert_int_equal(r[0].transport, RS_TRANSPORT_VERBS);
@@ -357,6 +359,13 @@ static void test_every_rule_option(void **state)
     /* `use kernel udp ... *` is allowed: the kernel never breaks a peer. */
     assert_int_equal(r[8].mode, RS_MODE_KERNEL);
     assert_int_equal(r[8].family, AF_UNSPEC);
+    /* The default size written out still asks for zero copy (the software RNIC leaves it off otherwise), and
+     * survives the round trip; a rule without it does not ask. */
+    assert_int_equal(r[9].zcopy_threshold, 65536);
+    assert_true(r[9].zcopy_threshold_given);
+    assert_int_equal(r[10].zcopy_threshold, 65536);
+    assert_false(r[10].zcopy_threshold_given);
+    assert_true(r[0].zcopy_threshold_given);
     assert_round_trip(cfg);
     rs_config_free(cfg);
 }
@@ -1224,7 +1233,7 @@ static void test_dump_is_canonical(void **state)
         "use rdma tcp server ::1\n"
         "use rdma tcp server [fe80::/10]:7000-7100 stream=zcopy zcopy_threshold=1m\n"
         "use both tcp client program redis-* *:6379 zcopy_threshold=1500 qos=bulk\n"
-        "use both tcp client 192.168.1.7:80 transport=soft\n"
+        "use both tcp client 192.168.1.7:80 transport=soft zcopy_threshold=64k\n"
         "use rdma udp any ::ffff:10.0.0.0/104 dgram=wrecord qos=voip\n"
         "use both tcp any * zcopy_threshold=1g\n"
         "use kernel udp any *:53\n");
@@ -1255,6 +1264,8 @@ static void test_equal_notices_every_difference(void **state)
         "qos q sl=1\nuse rdma tcp client program p* 10.0.0.0/8:80\n",
         "qos q sl=1\nuse rdma tcp client program p* 10.0.0.0/8:80 qos=q transport=soft\n",
         "qos q sl=1\nuse rdma tcp client program p* 10.0.0.0/8:80 qos=q zcopy_threshold=2k\n",
+        "qos q sl=1\nuse rdma tcp client program p* 10.0.0.0/8:80 qos=q zcopy_threshold=64k\n",
+        "qos q sl=1\nuse rdma tcp client program p* 10.0.0.0/8:80 qos=q lend_ring=on\n",
         "qos q sl=1\nuse rdma tcp client program p* [::a00:0/104]:80 qos=q\n",
         "qos q sl=1\nqos z\nuse rdma tcp client program p* 10.0.0.0/8:80 qos=q\n",
     };
