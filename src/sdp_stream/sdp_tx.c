@@ -110,8 +110,10 @@ int rs_sdp_post_msg(struct rs_sdp_sock *s, uint8_t mid, const struct rs_sdp_avai
      * order, so the next signaled one retires it (rs_sdp_on_send_complete). Every SDP_QUIET_RUN-th message is
      * signaled, and so is one that would leave half the send queue or an eighth of the ring waiting: a writer
      * short of slots or space always has a completion coming. Control messages stay signaled: a DisConn's
-     * completion retires everything before it, which the orderly close waits for. */
-    bool quiet = inlined && mid == RS_SDP_MID_DATA && s->quiet_run + 1 < SDP_QUIET_RUN &&
+     * completion retires everything before it, which the orderly close waits for. So is anything after our
+     * DisConn (the acknowledgement of the peer's DisConn when both closed at once): no signaled send may follow
+     * it, and the close waits for an empty send queue (rs_sdp_maybe_finish). */
+    bool quiet = inlined && mid == RS_SDP_MID_DATA && !s->disconn_sent && s->quiet_run + 1 < SDP_QUIET_RUN &&
                  s->sq_used * 2 < s->sq_depth && (uint64_t)(s->quiet_bytes + ring_len) * 8 < s->sbuf_size;
     if (!quiet)
         wr.flags |= RS_SEND_SIGNALED;

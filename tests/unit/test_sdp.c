@@ -420,6 +420,49 @@ static void test_half_close(void **state)
     rs_sdp_close(a);
 }
 
+#define TCPI_CLOSE 7    /* tcpi_state of a closed connection (the kernel's TCP_CLOSE) */
+
+static uint8_t tcp_state_of(struct rs_sdp_sock *s)
+{
+    struct tcp_info ti;
+    socklen_t len = sizeof(ti);
+    assert_int_equal(rs_sdp_getsockopt(s, IPPROTO_TCP, TCP_INFO, &ti, &len), 0);
+    return ti.tcpi_state;
+}
+
+/*
+ * Both ends shut down at once, so each DisConn goes out before the peer's arrives and each end then acknowledges
+ * the peer's DisConn after sending its own. That acknowledgement used to go unsignaled, nothing signaled followed
+ * it, and the close (which waits for an empty send queue) never finished: the connection sat in LAST_ACK until the
+ * orphan timeout, and a process exiting then waited its whole 3 s flush budget and reset the peer. Repeated, as
+ * the crossing is a race.
+ */
+static void test_simultaneous_close_finishes(void **state)
+{
+    (void)state;
+    for (int round = 0; round < 20; round++) {
+        struct rs_sdp_sock *c, *a;
+        sdp_pair(&c, &a);
+        send_all(c, "ping", 4);
+        char b[4];
+        recv_all(a, b, 4);
+        assert_int_equal(rs_sdp_shutdown(c, SHUT_WR), 0);
+        assert_int_equal(rs_sdp_shutdown(a, SHUT_WR), 0);
+        assert_int_equal(rs_sdp_recv(c, b, 1, 0), 0);
+        assert_int_equal(rs_sdp_recv(a, b, 1, 0), 0);
+        uint64_t deadline = now_ms() + WAIT_MS;
+        while ((tcp_state_of(c) != TCPI_CLOSE || tcp_state_of(a) != TCPI_CLOSE) && now_ms() < deadline)
+            usleep(1000);
+        if (tcp_state_of(c) != TCPI_CLOSE || tcp_state_of(a) != TCPI_CLOSE)
+            fail_msg("round %d: tcpi_state %u and %u, not TCP_CLOSE (7), %d ms after both ends read end of stream",
+                     round, tcp_state_of(c), tcp_state_of(a), WAIT_MS);
+        assert_int_equal(get_int(c, SOL_SOCKET, SO_ERROR), 0);
+        assert_int_equal(get_int(a, SOL_SOCKET, SO_ERROR), 0);
+        assert_int_equal(rs_sdp_close(c), 0);
+        assert_int_equal(rs_sdp_close(a), 0);
+    }
+}
+
 static void test_close_delivers_pending(void **state)
 {
     (void)state;
@@ -1416,6 +1459,7 @@ int main(void)
         cmocka_unit_test(test_timeouts),
         cmocka_unit_test(test_eintr),
         cmocka_unit_test(test_half_close),
+        cmocka_unit_test(test_simultaneous_close_finishes),
         cmocka_unit_test(test_close_delivers_pending),
         cmocka_unit_test(test_linger),
         cmocka_unit_test(test_abortive_close),
