@@ -536,7 +536,6 @@ uint32_t rs_sdp_slot_alloc(struct rs_sdp_sock *s, enum sdp_slot_kind kind);
 bool rs_sdp_sq_has_room(const struct rs_sdp_sock *s, uint32_t n);
 uint64_t rs_sdp_tx_hold_deadline(const struct rs_sdp_sock *s);
 uint64_t rs_sdp_tx_unacked(const struct rs_sdp_sock *s);
-bool rs_sdp_tx_flushed(const struct rs_sdp_sock *s);
 
 /* ---- sdp_rx.c ---- */
 void rs_sdp_post_recv_buf(struct rs_sdp_sock *s, uint32_t idx);

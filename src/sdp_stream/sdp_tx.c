@@ -221,11 +221,6 @@ uint64_t rs_sdp_tx_unacked(const struct rs_sdp_sock *s)
     return s->tx_tail - s->tx_done - s->quiet_bytes;
 }
 
-bool rs_sdp_tx_flushed(const struct rs_sdp_sock *s)
-{
-    return s->tx_tail == s->tx_posted && s->sq_used == 0 && !s->rsrc.active;
-}
-
 void rs_sdp_tx_push(struct rs_sdp_sock *s, bool force)
 {
     if ((s->state != SDP_ST_CONNECTED && s->state != SDP_ST_ACCEPTING) || s->broken || s->cm_gone ||
