@@ -155,7 +155,6 @@ struct rs_dgram_stats {
 int rs_dgram_setsockopt(struct rs_dgram_sock *s, int level, int name, const void *val, socklen_t len);
 int rs_dgram_getsockopt(struct rs_dgram_sock *s, int level, int name, void *val, socklen_t *len);
 int rs_dgram_set_nonblock(struct rs_dgram_sock *s, bool nonblock);
-bool rs_dgram_get_nonblock(struct rs_dgram_sock *s);
 /* FIONREAD: length of the next datagram (0 if none), as Linux UDP answers it. */
 int rs_dgram_inq(struct rs_dgram_sock *s);
 int rs_dgram_getsockname(struct rs_dgram_sock *s, struct sockaddr *addr, socklen_t *len);

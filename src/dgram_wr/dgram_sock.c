@@ -726,14 +726,6 @@ int rs_dgram_set_nonblock(struct rs_dgram_sock *s, bool nonblock)
     return 0;
 }
 
-bool rs_dgram_get_nonblock(struct rs_dgram_sock *s)
-{
-    pthread_mutex_lock(&s->lock);
-    bool nb = s->nonblock;
-    pthread_mutex_unlock(&s->lock);
-    return nb;
-}
-
 static uint64_t timeval_ns(const void *val, socklen_t len, int *err)
 {
     struct timeval tv;

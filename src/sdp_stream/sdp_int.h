@@ -610,7 +610,6 @@ void rs_sdp_reg_put(struct sdp_regcache *c, struct sdp_reg *r);
 /* Buffer-reuse detection: true if [addr, addr+len) is cached, large enough to register for one use, or was seen
  * before; otherwise remembers it and returns false (copy it this time). */
 bool rs_sdp_reg_worth(struct sdp_regcache *c, const void *addr, size_t len, size_t threshold);
-int rs_sdp_regcache_count(struct sdp_regcache *c);
 void rs_sdp_regcache_unmapped(struct sdp_regcache *c, uintptr_t start, uintptr_t end);
 void rs_sdp_regcache_all_unmapped(uintptr_t start, uintptr_t end);
 

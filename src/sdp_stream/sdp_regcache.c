@@ -273,12 +273,3 @@ void rs_sdp_mem_unmapped(const void *addr, size_t len)
     /* Cheap when nothing is cached: one lock per device cache. */
     rs_sdp_regcache_all_unmapped(start, end);
 }
-
-/* For tests: registrations currently cached in c. */
-int rs_sdp_regcache_count(struct sdp_regcache *c)
-{
-    pthread_mutex_lock(&c->lock);
-    int n = c->count;
-    pthread_mutex_unlock(&c->lock);
-    return n;
-}
