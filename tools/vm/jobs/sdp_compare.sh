@@ -97,6 +97,10 @@ for calls in default blocking; do
             v=$variant-$calls
             [[ $variant == sdp-spin ]] && v=sdp-$calls-spin
             rstream_run "rstream_${calls}_lat_${variant}_$rep" "$v" 64 1 2000 "${f[@]}"
+            # Equal bytes on the wire: SDP's 64 B message carries a 16-byte BSDH, rsockets' none (its header rides
+            # in the WRITE's immediate data). rsockets at 80 B is the reference for the header's share.
+            [[ $variant == rsockets && $calls == default ]] &&
+                rstream_run "rstream_${calls}_lat80_${variant}_$rep" "$v" 80 1 2000 "${f[@]}"
             rstream_run "rstream_${calls}_bw64k_${variant}_$rep" "$v" 65536 100 10 "${f[@]}"
             rstream_run "rstream_${calls}_bw1m_${variant}_$rep" "$v" 1048576 10 10 "${f[@]}"
         done
