@@ -26,4 +26,8 @@
 
 #define RS_UNUSED __attribute__((unused))
 
+/* Keeps one copy of a small function that several hot paths call: under an emulated CPU the distinct code a call
+ * runs costs more than the call itself (docs/results/sdp-verbs.md). */
+#define RS_NOINLINE __attribute__((noinline))
+
 #endif /* RS_COMMON_COMPILER_H */

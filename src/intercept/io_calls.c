@@ -148,6 +148,12 @@ static ssize_t sdp_io(struct io_target *t, const struct iovec *iov, int iovcnt, 
     if (t->inherited)
         return t->error;
     ssize_t r;
+    if (iovcnt == 1 && (sending ? rs_sdp_send_fast(t->sdp, iov[0].iov_base, iov[0].iov_len, flags, &r)
+                                : rs_sdp_recv_fast(t->sdp, iov[0].iov_base, iov[0].iov_len, flags, &r))) {
+        if (r > 0)
+            rs_isock_set_stats_io(t->s, sending ? (size_t)r : 0, sending ? 0 : (size_t)r);
+        return r;
+    }
     struct rs_signal_mark mark;
     do {
         rs_signal_mark(&mark);

@@ -89,6 +89,13 @@ int rs_sdp_connect(struct rs_sdp_sock *s, const struct sockaddr *dst, socklen_t 
  */
 ssize_t rs_sdp_sendmsg(struct rs_sdp_sock *s, const struct iovec *iov, int iovcnt, int flags);
 ssize_t rs_sdp_recvmsg(struct rs_sdp_sock *s, const struct iovec *iov, int iovcnt, int flags);
+/*
+ * The short path (sdp_fast.c) for one buffer on a connected socket in steady state: true with *result set as
+ * rs_sdp_send / rs_sdp_recv would have set it, or false when the call must take rs_sdp_sendmsg / rs_sdp_recvmsg
+ * (nothing was done). Never blocks.
+ */
+bool rs_sdp_send_fast(struct rs_sdp_sock *s, const void *buf, size_t len, int flags, ssize_t *result);
+bool rs_sdp_recv_fast(struct rs_sdp_sock *s, void *buf, size_t len, int flags, ssize_t *result);
 ssize_t rs_sdp_send(struct rs_sdp_sock *s, const void *buf, size_t len, int flags);
 ssize_t rs_sdp_recv(struct rs_sdp_sock *s, void *buf, size_t len, int flags);
 

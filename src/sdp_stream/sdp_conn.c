@@ -1165,6 +1165,44 @@ void rs_sdp_progress_poll(struct rs_sdp_sock *s)
     app_progress(s, false);
 }
 
+/*
+ * The short path's look at the CQ (sdp_fast.c): what progress_step does for an application thread on a connected
+ * socket in steady state, without the branches that state rules out (CM events, closing, listening, hand-back,
+ * zero copy in flight). Under TCG every distinct block a call runs also slows the kernel work that follows it
+ * (docs/results/sdp-verbs.md), so the busy poller's calls go this way. Returns 0 when nothing was found, 1 when
+ * completions were handled and followed up, -1 when they left the socket needing the full step (dirty is set, so
+ * the caller's slow path runs it).
+ */
+int rs_sdp_progress_fast(struct rs_sdp_sock *s)
+{
+    struct rs_rnic_wc wc[SDP_FAST_BATCH];
+    int n = rs_rnic_poll_cq(s->cq, SDP_FAST_BATCH, wc);
+    if (n <= 0)
+        return n;
+    for (int i = 0; i < n; i++) {
+        if (wc[i].qp && wc[i].qp != s->qp)
+            continue;
+        if (wc[i].wr_id & SDP_WR_SEND)
+            rs_sdp_on_send_complete(s, &wc[i]);
+        else
+            rs_sdp_on_recv(s, &wc[i]);
+    }
+    s->dirty = true;
+    /* A full batch may have more behind it; an unusual message changed the state: the full step takes over. */
+    if (n == SDP_FAST_BATCH || !rs_sdp_steady(s))
+        return -1;
+    if (s->tx_tail != s->tx_posted)
+        rs_sdp_tx_push(s, false);
+    else
+        s->tx_stalled = false;
+    rs_sdp_credit_update_check(s);
+    s->dirty = false;
+    rs_sdp_signal(s);
+    if (!timers_quiet(s) && !s->teardown_queued && s->pw && !rs_sdp_progress_on_loop())
+        rs_sdp_progress_retime(s, rs_sdp_timers(s, rs_sdp_now_ms()));
+    return 1;
+}
+
 void rs_sdp_call_done(struct rs_sdp_sock *s)
 {
     if ((s->state == SDP_ST_CONNECTED || s->state == SDP_ST_ACCEPTING) && !s->broken)

@@ -398,6 +398,11 @@ struct rs_sdp_sock {
     struct sockaddr_storage dial;   /* where the current attempt goes (s->peer stays what the application named) */
 };
 
+/* ---- sdp_fast.c ---- */
+/* A connected socket in steady state, where the short path applies: no close, shutdown, error, hand-back or
+ * zero-copy exchange under way. Lock held. */
+bool rs_sdp_steady(const struct rs_sdp_sock *s);
+
 /* ---- sdp_spin.c ---- */
 /* Lock held, at the start of a blocking wait on a connected socket: how long to spin (ns, 0: sleep at once). */
 uint64_t rs_sdp_spin_budget(struct rs_sdp_sock *s, bool rx_only);
@@ -471,6 +476,10 @@ void rs_sdp_progress_poll(struct rs_sdp_sock *s);
 /* The end of a send or receive call that did something: credit update, timers, readiness, without another look
  * at the CQ (the next call, or the progress thread, takes what arrived meanwhile); lock held. */
 void rs_sdp_call_done(struct rs_sdp_sock *s);
+/* The short path's look at the CQ (steady state; lock held): 0 nothing found, 1 handled, -1 the full step is
+ * needed (the slow path runs it). */
+#define SDP_FAST_BATCH 8
+int rs_sdp_progress_fast(struct rs_sdp_sock *s);
 /* Moves the connection to CLOSED with err (positive errno, 0 for none) and resets the QP; lock held. */
 void rs_sdp_fail(struct rs_sdp_sock *s, int err, bool send_abort);
 /* Warns what the peer got wrong (what, v), then resets the connection with EPROTO (sdp_rx.c). */
@@ -526,6 +535,9 @@ int32_t rs_sdp_credits(const struct rs_sdp_sock *s);
  * Returns 0 or a negative errno (no slot / no credit: -EAGAIN). */
 int rs_sdp_post_msg(struct rs_sdp_sock *s, uint8_t mid, const struct rs_sdp_avail *avail, uint32_t compl_len,
                     uint64_t ring_off, uint32_t ring_len);
+/* Posts one Data message whose payload is the application's buffer, inline (the RNIC copies it during the post:
+ * the buffer is free when this returns). -EINVAL when it does not fit inline. */
+int rs_sdp_post_data_inline(struct rs_sdp_sock *s, const void *buf, uint32_t len);
 bool rs_sdp_can_send_ctrl(const struct rs_sdp_sock *s);
 bool rs_sdp_can_send_data(const struct rs_sdp_sock *s);
 /* Sends what the credits, Nagle, cork and the peer's sink allow; lock held. */

@@ -65,6 +65,66 @@ static bool data_bearing(uint8_t mid, uint32_t payload)
            mid == RS_SDP_MID_RDMA_WR_COMPL || mid == RS_SDP_MID_DISCONN;
 }
 
+/* The credits a message we send now advertises: our posted receive buffers, less the overdraft buffer. */
+static uint32_t bufs_to_advertise(const struct rs_sdp_sock *s)
+{
+    uint32_t bufs = s->rx_posted > 0 ? s->rx_posted - 1 : 0;
+    return bufs > 0xffff ? 0xffff : bufs;
+}
+
+/* Takes the next send slot for a message of total length len and fills in its header (h). Returns the slot. */
+static uint32_t start_msg(struct rs_sdp_sock *s, uint8_t mid, uint32_t len, struct rs_sdp_bsdh *h)
+{
+    *h = (struct rs_sdp_bsdh){
+        .mid = mid, .flags = 0, .bufs = (uint16_t)bufs_to_advertise(s), .len = len, .mseq = s->tx_mseq_next,
+        .mseq_ack = s->rx_mseq_last,
+    };
+    return rs_sdp_slot_alloc(s, SDP_SLOT_MSG);
+}
+
+/*
+ * A small Data message asks for no completion (as rsockets and perftest do): RC completes the send queue in
+ * order, so the next signaled one retires it (rs_sdp_on_send_complete). Every SDP_QUIET_RUN-th message is
+ * signaled, and so is one that would leave half the send queue or an eighth of the ring waiting: a writer
+ * short of slots or space always has a completion coming. Control messages stay signaled: a DisConn's
+ * completion retires everything before it, which the orderly close waits for. So is anything after our
+ * DisConn (the acknowledgement of the peer's DisConn when both closed at once): no signaled send may follow
+ * it, and the close waits for an empty send queue (rs_sdp_maybe_finish).
+ */
+static bool may_go_quiet(const struct rs_sdp_sock *s, uint32_t ring_len)
+{
+    return !s->disconn_sent && s->quiet_run + 1 < SDP_QUIET_RUN && s->sq_used * 2 < s->sq_depth &&
+           (uint64_t)(s->quiet_bytes + ring_len) * 8 < s->sbuf_size;
+}
+
+/* The bookkeeping of a message the RNIC took: its slot, the quiet run, the overdraft, sequence and credits. */
+static void account_posted(struct rs_sdp_sock *s, uint32_t slot, const struct rs_sdp_bsdh *h, uint32_t ring_len,
+                           bool quiet, int32_t credits_before, bool data_bearing)
+{
+    s->slots[slot].mid = h->mid;
+    s->slots[slot].ring_bytes = ring_len;
+    s->slots[slot].quiet = quiet;
+    if (quiet) {
+        s->quiet_run++;
+        s->quiet_bytes += ring_len;
+        s->stats.quiet_sends++;
+    } else {
+        s->quiet_run = 0;
+    }
+    if (credits_before <= 0) {
+        s->overdraft_out = true;
+        s->overdraft_mseq = h->mseq;
+    }
+    s->tx_mseq_next++;
+    s->adv_bufs = h->bufs;
+    s->adv_ack = h->mseq_ack;
+    if (data_bearing) {
+        s->last_data_mseq = h->mseq;
+        s->last_tx_ms = rs_sdp_now_ms();
+    }
+    s->stats.msgs_sent++;
+}
+
 int rs_sdp_post_msg(struct rs_sdp_sock *s, uint8_t mid, const struct rs_sdp_avail *avail, uint32_t compl_len,
                     uint64_t ring_off, uint32_t ring_len)
 {
@@ -72,15 +132,9 @@ int rs_sdp_post_msg(struct rs_sdp_sock *s, uint8_t mid, const struct rs_sdp_avai
         return -ENOTCONN;
     uint32_t hdr_len = rs_sdp_hdr_len(mid);
     int32_t credits = rs_sdp_credits(s);
-    uint32_t slot = rs_sdp_slot_alloc(s, SDP_SLOT_MSG);
+    struct rs_sdp_bsdh h;
+    uint32_t slot = start_msg(s, mid, hdr_len + ring_len, &h);
     uint8_t *hdr = s->hdr_mem + (size_t)slot * SDP_HDR_SLOT;
-    uint32_t bufs = s->rx_posted > 0 ? s->rx_posted - 1 : 0;
-    if (bufs > 0xffff)
-        bufs = 0xffff;
-    struct rs_sdp_bsdh h = {
-        .mid = mid, .flags = 0, .bufs = (uint16_t)bufs, .len = hdr_len + ring_len, .mseq = s->tx_mseq_next,
-        .mseq_ack = s->rx_mseq_last,
-    };
     if (mid == RS_SDP_MID_SRC_AVAIL || mid == RS_SDP_MID_SINK_AVAIL)
         rs_sdp_avail_encode(&h, avail, hdr);
     else if (mid == RS_SDP_MID_RDMA_WR_COMPL || mid == RS_SDP_MID_RDMA_RD_COMPL)
@@ -106,15 +160,7 @@ int rs_sdp_post_msg(struct rs_sdp_sock *s, uint8_t mid, const struct rs_sdp_avai
     bool inlined = hdr_len + ring_len <= s->inline_max;
     if (inlined)
         wr.flags |= RS_SEND_INLINE;
-    /* A small Data message asks for no completion (as rsockets and perftest do): RC completes the send queue in
-     * order, so the next signaled one retires it (rs_sdp_on_send_complete). Every SDP_QUIET_RUN-th message is
-     * signaled, and so is one that would leave half the send queue or an eighth of the ring waiting: a writer
-     * short of slots or space always has a completion coming. Control messages stay signaled: a DisConn's
-     * completion retires everything before it, which the orderly close waits for. So is anything after our
-     * DisConn (the acknowledgement of the peer's DisConn when both closed at once): no signaled send may follow
-     * it, and the close waits for an empty send queue (rs_sdp_maybe_finish). */
-    bool quiet = inlined && mid == RS_SDP_MID_DATA && !s->disconn_sent && s->quiet_run + 1 < SDP_QUIET_RUN &&
-                 s->sq_used * 2 < s->sq_depth && (uint64_t)(s->quiet_bytes + ring_len) * 8 < s->sbuf_size;
+    bool quiet = inlined && mid == RS_SDP_MID_DATA && may_go_quiet(s, ring_len);
     if (!quiet)
         wr.flags |= RS_SEND_SIGNALED;
     struct rs_rnic_send_wr *bad = NULL;
@@ -124,30 +170,38 @@ int rs_sdp_post_msg(struct rs_sdp_sock *s, uint8_t mid, const struct rs_sdp_avai
         RS_DEBUG("sdp: post_send of %s failed: %d", rs_sdp_mid_name(mid), r);
         return r;
     }
-    s->slots[slot].mid = mid;
-    s->slots[slot].ring_bytes = ring_len;
-    s->slots[slot].quiet = quiet;
-    if (quiet) {
-        s->quiet_run++;
-        s->quiet_bytes += ring_len;
-        s->stats.quiet_sends++;
-    } else {
-        s->quiet_run = 0;
-    }
-    if (credits <= 0) {
-        s->overdraft_out = true;
-        s->overdraft_mseq = h.mseq;
-    }
-    s->tx_mseq_next++;
-    s->adv_bufs = bufs;
-    s->adv_ack = s->rx_mseq_last;
-    if (data_bearing(mid, ring_len)) {
-        s->last_data_mseq = h.mseq;
-        s->last_tx_ms = rs_sdp_now_ms();
-    }
-    s->stats.msgs_sent++;
+    account_posted(s, slot, &h, ring_len, quiet, credits, data_bearing(mid, ring_len));
     RS_TRACE("sdp: sent %s mseq %u ack %u bufs %u len %u (credits were %d)", rs_sdp_mid_name(mid), h.mseq,
-             h.mseq_ack, bufs, h.len, credits);
+             h.mseq_ack, h.bufs, h.len, credits);
+    return 0;
+}
+
+/* The short path's send (sdp_fast.c): a Data message of the application's bytes, inline, with credit in hand. */
+int rs_sdp_post_data_inline(struct rs_sdp_sock *s, const void *buf, uint32_t len)
+{
+    if (!s->qp || !rs_sdp_sq_has_room(s, 1) || RS_SDP_BSDH_LEN + len > s->inline_max)
+        return -EINVAL;
+    int32_t credits = rs_sdp_credits(s);
+    struct rs_sdp_bsdh h;
+    uint32_t slot = start_msg(s, RS_SDP_MID_DATA, RS_SDP_BSDH_LEN + len, &h);
+    uint8_t *hdr = s->hdr_mem + (size_t)slot * SDP_HDR_SLOT;
+    rs_sdp_bsdh_encode(&h, hdr);
+    struct rs_rnic_sge sge[2] = {
+        { (uint64_t)(uintptr_t)hdr, RS_SDP_BSDH_LEN, s->hdr_mr->lkey },
+        { (uint64_t)(uintptr_t)buf, len, s->sbuf_mr->lkey },
+    };
+    bool quiet = may_go_quiet(s, 0);
+    struct rs_rnic_send_wr wr = {
+        .wr_id = SDP_WR_SEND | slot, .opcode = RS_WR_SEND,
+        .flags = RS_SEND_SOLICITED | RS_SEND_INLINE | (quiet ? 0 : RS_SEND_SIGNALED), .sg_list = sge, .num_sge = 2,
+    };
+    struct rs_rnic_send_wr *bad = NULL;
+    int r = rs_rnic_post_send(s->qp, &wr, &bad);
+    if (r != 0) {
+        s->slots[slot].done = true;
+        return r;
+    }
+    account_posted(s, slot, &h, 0, quiet, credits, true);
     return 0;
 }
 

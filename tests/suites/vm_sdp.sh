@@ -7,6 +7,7 @@
 #   test_sdp_stress random sizes 1 B..16 MiB both ways at once, every byte and a CRC32c per stream checked
 #   test_sdp_spin   a fixed RDMASOCK_SPIN_US: integrity, the spin catches the replies, and is bounded
 #   test_sdp_spin_auto  the default adaptive spin: on for a quick peer, off for a slow one, back on
+#   test_sdp_fast   the short path for steady-state send/recv: integrity, and what it leaves to the general path
 # Every test case becomes one TAP line "sdp-verbs: BINARY: TEST"; then the suite checks that the stress runs moved
 # at least RS_SDP_VM_MIN_MIB (256) MiB with checksums over verbs, and that rxe0's packet counters grew accordingly
 # (the bytes went through the kernel's RDMA stack, not some fallback). The plan comes last: it is the number of
@@ -23,7 +24,7 @@ source "$RS_TOP/tests/lib/vm_relay.sh"
 
 VM_TOOL=$RS_TOP/tools/vm/vm
 OUT=$RS_BUILD/test-logs/vm_sdp
-BINARIES=(test_sdp test_sdp_zcopy test_sdp_stress test_sdp_handback test_sdp_spin test_sdp_spin_auto)
+BINARIES=(test_sdp test_sdp_zcopy test_sdp_stress test_sdp_handback test_sdp_spin test_sdp_spin_auto test_sdp_fast)
 STRESS_BYTES=${RS_SDP_VM_STRESS_BYTES:-256M}
 MIN_MIB=${RS_SDP_VM_MIN_MIB:-256}
 started=$SECONDS

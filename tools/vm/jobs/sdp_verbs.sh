@@ -19,7 +19,7 @@ rdma link show > "$RS_VM_OUT/rdma_link.txt" 2>&1
 ibv_devinfo -d "$RS_VM_RDMA_DEV" > "$RS_VM_OUT/devinfo.txt" 2>&1
 rdma statistic show link "$RS_VM_RDMA_DEV/1" > "$RS_VM_OUT/rxe_stats_before.txt" 2>&1
 
-for name in ${RS_SDP_VM_TESTS:-test_sdp test_sdp_zcopy test_sdp_stress test_sdp_handback test_sdp_spin test_sdp_spin_auto}; do
+for name in ${RS_SDP_VM_TESTS:-test_sdp test_sdp_zcopy test_sdp_stress test_sdp_handback test_sdp_spin test_sdp_spin_auto test_sdp_fast}; do
     bin=$RS_BUILD/tests/unit/$name
     if [[ ! -x $bin ]]; then
         echo "not built: $bin" > "$RS_VM_OUT/$name.tap"

@@ -1,0 +1,131 @@
+/*
+ * sdp_fast.c: the short path for send and receive on a connected socket in steady state.
+ *
+ * A busy-polling application (a nonblocking ping-pong, an event loop that reads until EAGAIN) calls recv far more
+ * often than messages arrive, and each call that takes the general path runs the whole state machine: hand-back
+ * gate, shutdown and error checks, zero-copy offers, PEEK and WAITALL handling, the full progress step. Under an
+ * emulated CPU (the rxe VM, TCG) the number of distinct code blocks a call runs slows the kernel work that follows
+ * it as well (docs/results/sdp-verbs.md, "The header is not what makes SDP slower"), so rsockets' short
+ * rrecv/rsend beat our long ones by 1.5x there at equal packets.
+ *
+ * So the calls try this path first, in the shape of rsockets': a receive with data queued copies it and reposts
+ * the buffer; one with nothing queued looks at the CQ once (rs_sdp_progress_fast) and returns; a small send with
+ * credit and nothing queued before it goes out inline straight from the application's buffer. Anything else (a
+ * state that is not steady, flags, large transfers, a blocking call that would wait) returns false and the
+ * general path does the call, with the same results: this path only leaves out what the steady state rules out.
+ */
+#include <errno.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#include "common/compiler.h"
+#include "sdp_stream/sdp_int.h"
+
+/* Not inline: both paths run it, and under TCG one copy of its blocks costs less than two (see above). */
+RS_NOINLINE bool rs_sdp_steady(const struct rs_sdp_sock *s)
+{
+    return s->state == SDP_ST_CONNECTED && s->hb.phase == SDP_HB_NONE && !s->broken && !s->cm_gone && !s->so_error &&
+           !s->app_closed && !s->rx_eof && !s->rd_shut && !s->wr_shut && !s->psrc.active && !s->sink.active &&
+           !s->zsrc.active && !s->rsrc.active && !s->psink.active && !s->owed_rd_compl && !s->owed_send_sm &&
+           !s->owed_sink_cancel_acks;
+}
+
+/* Copies queued Data bytes into buf (lock held; the head is Data). Returns the bytes copied. */
+static size_t copy_queued(struct rs_sdp_sock *s, uint8_t *buf, size_t len)
+{
+    size_t done = 0;
+    while (done < len && s->rxq_count > 0) {
+        struct sdp_rx_entry *e = &s->rxq[s->rxq_head];
+        if (e->kind != SDP_RX_DATA)
+            break;
+        uint32_t n = e->len < len - done ? e->len : (uint32_t)(len - done);
+        memcpy(buf + done, s->rbuf_mem + (size_t)e->buf * s->rbuf_size + e->off, n);
+        done += n;
+        e->off += n;
+        e->len -= n;
+        s->rx_bytes_queued -= n;
+        s->stats.bytes_received += n;
+        if (e->len == 0) {
+            uint32_t idx = e->buf;
+            s->rxq_head = (s->rxq_head + 1) % s->rxq_cap;
+            s->rxq_count--;
+            rs_sdp_rx_release_buf(s, idx);
+        }
+    }
+    return done;
+}
+
+/* The end of a call that moved n bytes, as the general path ends it: credits, timers, readiness; unlocks. */
+static bool moved(struct rs_sdp_sock *s, size_t n, ssize_t *result)
+{
+    s->dirty = true;
+    rs_sdp_call_done(s);
+    pthread_mutex_unlock(&s->lock);
+    *result = (ssize_t)n;
+    return true;
+}
+
+bool rs_sdp_recv_fast(struct rs_sdp_sock *s, void *buf, size_t len, int flags, ssize_t *result)
+{
+    /* Large copies drop the lock in the general path; PEEK, WAITALL, TRUNC, OOB and the error queue are its own. */
+    if ((flags & ~(MSG_DONTWAIT | MSG_NOSIGNAL)) || len == 0 || len > SDP_COPY_LOCKED_MAX ||
+        s->epoch != rs_sdp_epoch)
+        return false;
+    pthread_mutex_lock(&s->lock);
+    if (!rs_sdp_steady(s) || s->rx_busy || s->rcvlowat > 1)
+        goto slow;
+    if (s->rxq_count == 0) {
+        int found = rs_sdp_progress_fast(s);
+        if (found < 0)
+            goto slow;
+        if (s->rxq_count == 0) {
+            if (!s->nonblock && !(flags & MSG_DONTWAIT))
+                goto slow;      /* a blocking call waits, which is the general path's business */
+            rs_sdp_note_poll_miss(s);
+            /* As the general path's miss: readiness is refreshed only if something changed or the notification
+             * fd may still say readable. */
+            if (s->dirty || s->notify_on) {
+                s->dirty = false;
+                rs_sdp_signal(s);
+            }
+            pthread_mutex_unlock(&s->lock);
+            *result = -EAGAIN;
+            return true;
+        }
+    }
+    size_t n = copy_queued(s, buf, len);
+    if (n == 0)
+        goto slow;              /* a SrcAvail at the head */
+    return moved(s, n, result);
+slow:
+    pthread_mutex_unlock(&s->lock);
+    return false;
+}
+
+bool rs_sdp_send_fast(struct rs_sdp_sock *s, const void *buf, size_t len, int flags, ssize_t *result)
+{
+    if ((flags & ~(MSG_DONTWAIT | MSG_NOSIGNAL)) || len == 0 || len + RS_SDP_BSDH_LEN > SDP_INLINE_MAX ||
+        s->epoch != rs_sdp_epoch)
+        return false;
+    pthread_mutex_lock(&s->lock);
+    /* Nothing queued before it (it would go first), Nagle not holding it back, credit and a send slot: the
+     * general path would post it at once as well, from the ring. */
+    if (!rs_sdp_steady(s) || s->tx_busy || s->tx_tail != s->tx_posted || s->cork ||
+        (s->nagle_wait && !s->nodelay) || len + RS_SDP_BSDH_LEN > s->inline_max ||
+        len > s->peer_rbuf_size - RS_SDP_BSDH_LEN || !rs_sdp_can_send_data(s))
+        goto slow;
+    if (rs_sdp_post_data_inline(s, buf, (uint32_t)len) != 0)
+        goto slow;              /* the general path posts it again and handles the failure */
+    s->more_hold = false;
+    s->hold_since_ms = 0;
+    s->stats.data_msgs_sent++;
+    s->stats.bytes_sent += len;
+    if (len < s->peer_rbuf_size - RS_SDP_BSDH_LEN) {
+        s->nagle_mseq = s->tx_mseq_next - 1;
+        s->nagle_wait = true;
+    }
+    return moved(s, len, result);
+slow:
+    pthread_mutex_unlock(&s->lock);
+    return false;
+}
