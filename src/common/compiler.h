@@ -26,8 +26,8 @@
 
 #define RS_UNUSED __attribute__((unused))
 
-/* Keeps one copy of a small function that several hot paths call: under an emulated CPU the distinct code a call
- * runs costs more than the call itself (docs/results/sdp-verbs.md). */
+/* Keeps a rarely run part out of line, so that the hot function around it stays small enough to be inlined where
+ * it is called (under an emulated CPU every call and return on a hot path costs; docs/results/sdp-verbs.md). */
 #define RS_NOINLINE __attribute__((noinline))
 
 #endif /* RS_COMMON_COMPILER_H */

@@ -649,11 +649,23 @@ static void write_io(struct rs_stats_socket *s, void *arg)
     s->msgs_rx += update->msgs_rx;
 }
 
+/* Every data call ends here: the writer is written out (rs_stats_slot_update with write_io, without the indirect
+ * call), which under an emulated CPU costs a busy poller measurably less. */
 void rs_stats_slot_add_io(int slot, uint64_t bytes_tx, uint64_t bytes_rx,
                           uint64_t msgs_tx, uint64_t msgs_rx)
 {
-    struct io_update update = { bytes_tx, bytes_rx, msgs_tx, msgs_rx };
-    rs_stats_slot_update(slot, write_io, &update);
+    struct rs_stats_socket *s = slot_at(slot);
+    if (s == NULL)
+        return;
+    if (!seq_write_begin(&s->seq)) {
+        rs_stats_counter_add(&rs_stats_get()->counters.slot_updates_dropped, 1);
+        return;
+    }
+    if (s->in_use != 0) {
+        struct io_update update = { bytes_tx, bytes_rx, msgs_tx, msgs_rx };
+        write_io(s, &update);
+    }
+    seq_write_end(&s->seq);
 }
 
 /* ---- names ---- */

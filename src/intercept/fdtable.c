@@ -33,16 +33,25 @@ void rs_fd_obj_put(struct rs_fd_obj *obj)
         obj->destroy(obj);
 }
 
-/* The slot of fd, or NULL; with create, the page is allocated (mmap: this may run where malloc must not). */
-static rs_slot *slot_of(int fd, bool create)
+/* The slot of fd if its page exists, else NULL. Every data call looks up its fd, and most are not ours: inline,
+ * as a call and return per lookup were a measurable share of a busy poller's miss under TCG. */
+static inline __attribute__((always_inline)) rs_slot *slot_find(int fd)
 {
     if (fd < 0 || (unsigned)fd >= (unsigned)RS_FDTABLE_TOP * RS_FDTABLE_PAGE)
         return NULL;
+    rs_slot *page = __atomic_load_n(&pages[(unsigned)fd / RS_FDTABLE_PAGE], __ATOMIC_ACQUIRE);
+    return page ? &page[(unsigned)fd % RS_FDTABLE_PAGE] : NULL;
+}
+
+/* The slot of fd, or NULL; with create, the page is allocated (mmap: this may run where malloc must not). */
+static rs_slot *slot_of(int fd, bool create)
+{
+    rs_slot *found = slot_find(fd);
+    if (found || !create || fd < 0 || (unsigned)fd >= (unsigned)RS_FDTABLE_TOP * RS_FDTABLE_PAGE)
+        return found;
     unsigned top = (unsigned)fd / RS_FDTABLE_PAGE;
     rs_slot *page = __atomic_load_n(&pages[top], __ATOMIC_ACQUIRE);
     if (!page) {
-        if (!create)
-            return NULL;
         void *fresh = mmap(NULL, RS_FDTABLE_PAGE * sizeof(rs_slot), PROT_READ | PROT_WRITE,
                            MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         if (fresh == MAP_FAILED)
@@ -75,7 +84,7 @@ static void slot_unlock(rs_slot *slot, uintptr_t value) { __atomic_store_n(slot,
 
 struct rs_fd_obj *rs_fd_get(int fd)
 {
-    rs_slot *slot = slot_of(fd, false);
+    rs_slot *slot = slot_find(fd);
     if (!slot || __atomic_load_n(slot, __ATOMIC_RELAXED) == 0)
         return NULL;
     uintptr_t v = slot_lock(slot);
@@ -86,28 +95,37 @@ struct rs_fd_obj *rs_fd_get(int fd)
     return obj;
 }
 
-bool rs_fd_maybe(int fd, enum rs_fd_type type)
+/* The slot of fd when it may hold an object of type (see rs_fd_maybe), else NULL. */
+static inline __attribute__((always_inline)) rs_slot *slot_maybe(int fd, enum rs_fd_type type)
 {
-    if (!rs_fd_any(type))
-        return false;
-    rs_slot *slot = slot_of(fd, false);
+    if (!((__atomic_load_n(&any_types, __ATOMIC_ACQUIRE) >> type) & 1u))
+        return NULL;
+    rs_slot *slot = slot_find(fd);
     if (!slot)
-        return false;
+        return NULL;
     /* rdmasock's own fds are told apart without locking the slot: the marker is static, so comparing its address
      * needs no reference. */
     uintptr_t v = __atomic_load_n(slot, __ATOMIC_RELAXED) & ~SLOT_LOCK;
-    return v != 0 && (type == RS_FD_INTERNAL) == (v == (uintptr_t)&internal_marker.base);
+    return v != 0 && (type == RS_FD_INTERNAL) == (v == (uintptr_t)&internal_marker.base) ? slot : NULL;
+}
+
+bool rs_fd_maybe(int fd, enum rs_fd_type type)
+{
+    return slot_maybe(fd, type) != NULL;
 }
 
 struct rs_fd_obj *rs_fd_get_type(int fd, enum rs_fd_type type)
 {
-    if (!rs_fd_maybe(fd, type))
+    rs_slot *slot = slot_maybe(fd, type);
+    if (!slot)
         return NULL;
-    struct rs_fd_obj *obj = rs_fd_get(fd);
-    if (obj && obj->type != type) {
-        rs_fd_obj_put(obj);
-        return NULL;
-    }
+    uintptr_t v = slot_lock(slot);
+    struct rs_fd_obj *obj = (struct rs_fd_obj *)v;
+    if (obj && obj->type == type)
+        __atomic_add_fetch(&obj->refs, 1, __ATOMIC_RELAXED);
+    else
+        obj = NULL;
+    slot_unlock(slot, v);
     return obj;
 }
 
@@ -130,7 +148,7 @@ struct rs_fd_obj *rs_fd_set(int fd, struct rs_fd_obj *obj, int *err)
 
 struct rs_fd_obj *rs_fd_clear(int fd)
 {
-    rs_slot *slot = slot_of(fd, false);
+    rs_slot *slot = slot_find(fd);
     if (!slot || __atomic_load_n(slot, __ATOMIC_RELAXED) == 0)
         return NULL;
     uintptr_t old = slot_lock(slot);
@@ -148,7 +166,7 @@ void rs_fd_mark_internal(int fd)
 
 void rs_fd_unmark_internal(int fd)
 {
-    rs_slot *slot = slot_of(fd, false);
+    rs_slot *slot = slot_find(fd);
     if (!slot)
         return;
     uintptr_t v = slot_lock(slot);
@@ -164,7 +182,7 @@ bool rs_fd_is_internal(int fd)
 {
     if (!rs_fd_any(RS_FD_INTERNAL))
         return false;
-    rs_slot *slot = slot_of(fd, false);
+    rs_slot *slot = slot_find(fd);
     return slot && (__atomic_load_n(slot, __ATOMIC_ACQUIRE) & ~SLOT_LOCK) == (uintptr_t)&internal_marker.base;
 }
 

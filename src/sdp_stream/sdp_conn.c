@@ -1197,8 +1197,9 @@ int rs_sdp_progress_fast(struct rs_sdp_sock *s)
         s->tx_stalled = false;
     rs_sdp_credit_update_check(s);
     s->dirty = false;
-    rs_sdp_signal(s);
-    if (!timers_quiet(s) && !s->teardown_queued && s->pw && !rs_sdp_progress_on_loop())
+    if (rs_sdp_steady_listened(s))
+        rs_sdp_signal(s);
+    if (rs_sdp_steady_timed(s) && !timers_quiet(s) && !s->teardown_queued && s->pw && !rs_sdp_progress_on_loop())
         rs_sdp_progress_retime(s, rs_sdp_timers(s, rs_sdp_now_ms()));
     return 1;
 }

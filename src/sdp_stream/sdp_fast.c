@@ -18,11 +18,9 @@
 #include <string.h>
 #include <sys/socket.h>
 
-#include "common/compiler.h"
 #include "sdp_stream/sdp_int.h"
 
-/* Not inline: both paths run it, and under TCG one copy of its blocks costs less than two (see above). */
-RS_NOINLINE bool rs_sdp_steady(const struct rs_sdp_sock *s)
+bool rs_sdp_steady(const struct rs_sdp_sock *s)
 {
     return s->state == SDP_ST_CONNECTED && s->hb.phase == SDP_HB_NONE && !s->broken && !s->cm_gone && !s->so_error &&
            !s->app_closed && !s->rx_eof && !s->rd_shut && !s->wr_shut && !s->psrc.active && !s->sink.active &&
@@ -55,11 +53,21 @@ static size_t copy_queued(struct rs_sdp_sock *s, uint8_t *buf, size_t len)
     return done;
 }
 
-/* The end of a call that moved n bytes, as the general path ends it: credits, timers, readiness; unlocks. */
-static bool moved(struct rs_sdp_sock *s, size_t n, ssize_t *result)
+/*
+ * The end of a call that moved n bytes, as rs_sdp_call_done ends the general path's: a receive's emptied buffers
+ * may owe the peer a credit update (a send just carried our credits); timers and readiness only when the socket
+ * has some or somebody listens (each call and return on this path costs a busy poller under TCG). Unlocks.
+ */
+static bool moved(struct rs_sdp_sock *s, size_t n, ssize_t *result, bool received)
 {
-    s->dirty = true;
-    rs_sdp_call_done(s);
+    if (received)
+        rs_sdp_credit_update_check(s);
+    if (rs_sdp_steady_timed(s) || rs_sdp_steady_listened(s)) {
+        s->dirty = true;
+        rs_sdp_call_done(s);
+    } else {
+        s->dirty = false;
+    }
     pthread_mutex_unlock(&s->lock);
     *result = (ssize_t)n;
     return true;
@@ -96,7 +104,7 @@ bool rs_sdp_recv_fast(struct rs_sdp_sock *s, void *buf, size_t len, int flags, s
     size_t n = copy_queued(s, buf, len);
     if (n == 0)
         goto slow;              /* a SrcAvail at the head */
-    return moved(s, n, result);
+    return moved(s, n, result, true);
 slow:
     pthread_mutex_unlock(&s->lock);
     return false;
@@ -124,7 +132,7 @@ bool rs_sdp_send_fast(struct rs_sdp_sock *s, const void *buf, size_t len, int fl
         s->nagle_mseq = s->tx_mseq_next - 1;
         s->nagle_wait = true;
     }
-    return moved(s, len, result);
+    return moved(s, len, result, false);
 slow:
     pthread_mutex_unlock(&s->lock);
     return false;

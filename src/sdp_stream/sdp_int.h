@@ -402,6 +402,16 @@ struct rs_sdp_sock {
 /* A connected socket in steady state, where the short path applies: no close, shutdown, error, hand-back or
  * zero-copy exchange under way. Lock held. */
 bool rs_sdp_steady(const struct rs_sdp_sock *s);
+/* In the steady state: whether a signal has anybody to tell (rs_sdp_signal returns at once otherwise), and whether
+ * a timer may be due or need moving (timers_quiet in sdp_conn.c says no otherwise). Lock held. */
+static inline bool rs_sdp_steady_listened(const struct rs_sdp_sock *s)
+{
+    return s->interest_mask || s->waiters || s->notify_on;
+}
+static inline bool rs_sdp_steady_timed(const struct rs_sdp_sock *s)
+{
+    return s->keepalive || s->close_deadline || s->hold_since_ms || s->duty_wanted;
+}
 
 /* ---- sdp_spin.c ---- */
 /* Lock held, at the start of a blocking wait on a connected socket: how long to spin (ns, 0: sleep at once). */

@@ -170,7 +170,9 @@ void rs_sdp_on_recv(struct rs_sdp_sock *s, const struct rs_rnic_wc *wc)
             rs_sdp_protocol_error(s, "data while a SrcAvail is pending, len", payload);
             return;
         }
-        rs_sdp_z_on_msg(s, &h, &avail, compl_len);
+        /* Data matters to the zero-copy state only while our sink is out (the crossing rule). */
+        if (s->sink.active)
+            rs_sdp_z_on_msg(s, &h, &avail, compl_len);
         if (s->app_closed) {
             /* Data for a socket the application closed: TCP answers with a reset. */
             rs_sdp_post_recv_buf(s, idx);

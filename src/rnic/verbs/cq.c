@@ -366,7 +366,7 @@ static bool convert(struct rs_v_cq *cq, const struct ibv_wc *w, struct rs_rnic_w
         uint32_t tail = atomic_load_explicit(&wq->tail, memory_order_relaxed);
         atomic_store_explicit(&wq->tail, slot_seq(wq, slot->index, tail) + 1, memory_order_release);
     }
-    out->status = rs_v_wc_status(w->status, receive);
+    out->status = w->status == IBV_WC_SUCCESS ? RS_WC_SUCCESS : rs_v_wc_status(w->status, receive);
     out->qp = qp ? &qp->base : NULL;
     if (receive) {
         out->opcode = RS_WC_RECV;
@@ -446,7 +446,8 @@ int rs_v_poll_cq(struct rs_rnic_cq *base, int n, struct rs_rnic_wc *wc)
             break;
     }
     pthread_mutex_unlock(&cq->lock);
-    run_actions(rs_v_dev(base->rnic), acts, nacts);
+    if (nacts)
+        run_actions(rs_v_dev(base->rnic), acts, nacts);
     return got;
 }
 
