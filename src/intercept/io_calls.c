@@ -148,8 +148,9 @@ static ssize_t sdp_io(struct io_target *t, const struct iovec *iov, int iovcnt, 
     if (t->inherited)
         return t->error;
     ssize_t r;
-    if (iovcnt == 1 && (sending ? rs_sdp_send_fast(t->sdp, iov[0].iov_base, iov[0].iov_len, flags, &r)
-                                : rs_sdp_recv_fast(t->sdp, iov[0].iov_base, iov[0].iov_len, flags, &r))) {
+    size_t len = iovcnt == 1 ? iov[0].iov_len : 0;
+    if (len && (sending ? len <= RS_SDP_SHORT_SEND_MAX && rs_sdp_send_fast(t->sdp, iov[0].iov_base, len, flags, &r)
+                        : len <= RS_SDP_SHORT_RECV_MAX && rs_sdp_recv_fast(t->sdp, iov[0].iov_base, len, flags, &r))) {
         if (r > 0)
             rs_isock_set_stats_io(t->s, sending ? (size_t)r : 0, sending ? 0 : (size_t)r);
         return r;

@@ -34,8 +34,10 @@
 #define SDP_MIN_RX_BUFS 8u
 #define SDP_MAX_RX_BUFS 4096u
 #define SDP_HDR_SLOT 64u                        /* bytes of header space per send queue slot */
-#define SDP_INLINE_MAX 256u                     /* messages up to this size (BSDH included) go inline, if the RNIC can */
-#define SDP_COPY_LOCKED_MAX 4096u               /* copies up to this size keep the socket lock (sdp_tx.c, sdp_rx.c) */
+/* Messages up to this size (BSDH included) go inline, if the RNIC can. */
+#define SDP_INLINE_MAX (RS_SDP_SHORT_SEND_MAX + RS_SDP_BSDH_LEN)
+/* Copies up to this size keep the socket lock (sdp_tx.c, sdp_rx.c). */
+#define SDP_COPY_LOCKED_MAX RS_SDP_SHORT_RECV_MAX
 #define SDP_QUIET_RUN 16u                       /* at most this many inline Data messages between signaled sends */
 #define SDP_LAZY_TICK_MS 1u                     /* CQ left to the application: the progress thread's first look */
 #define SDP_LAZY_TICK_MAX_MS 16u                /* ... doubling up to this while the application stays at the CQ */
