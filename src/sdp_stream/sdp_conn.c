@@ -856,6 +856,22 @@ out:
 
 /* ---- CM events ---- */
 
+/* Hands each completion to the send or receive side; returns whether all of them succeeded. */
+static bool dispatch_completions(struct rs_sdp_sock *s, const struct rs_rnic_wc *wc, int n)
+{
+    bool all_ok = true;
+    for (int i = 0; i < n; i++) {
+        all_ok &= wc[i].status == RS_WC_SUCCESS;
+        if (wc[i].qp && wc[i].qp != s->qp)
+            continue;   /* flushed work of a QP a redirected connect replaced */
+        if (wc[i].wr_id & SDP_WR_SEND)
+            rs_sdp_on_send_complete(s, &wc[i]);
+        else
+            rs_sdp_on_recv(s, &wc[i]);
+    }
+    return all_ok;
+}
+
 static bool process_cq(struct rs_sdp_sock *s);
 
 /* Lock held, CONNECTING, the attempt failed: tries again at the same address on port (a family member the
@@ -1079,16 +1095,7 @@ static bool process_cq(struct rs_sdp_sock *s)
         if (n == 0)
             return found;
         found = true;
-        bool all_ok = true;
-        for (int i = 0; i < n; i++) {
-            all_ok &= wc[i].status == RS_WC_SUCCESS;
-            if (wc[i].qp && wc[i].qp != s->qp)
-                continue;   /* flushed work of a QP a redirected connect replaced */
-            if (wc[i].wr_id & SDP_WR_SEND)
-                rs_sdp_on_send_complete(s, &wc[i]);
-            else
-                rs_sdp_on_recv(s, &wc[i]);
-        }
+        bool all_ok = dispatch_completions(s, wc, n);
         /* A short batch of successes emptied the CQ (a provider stops a batch early only at a failed one): what
          * arrives after it waits for the next look, which saves a busy poller's every message a second, empty
          * poll. Failures (a flushed QP) are drained to the end, as the disconnect handling expects. */
@@ -1179,14 +1186,7 @@ int rs_sdp_progress_fast(struct rs_sdp_sock *s)
     int n = rs_rnic_poll_cq(s->cq, SDP_FAST_BATCH, wc);
     if (n <= 0)
         return n;
-    for (int i = 0; i < n; i++) {
-        if (wc[i].qp && wc[i].qp != s->qp)
-            continue;
-        if (wc[i].wr_id & SDP_WR_SEND)
-            rs_sdp_on_send_complete(s, &wc[i]);
-        else
-            rs_sdp_on_recv(s, &wc[i]);
-    }
+    dispatch_completions(s, wc, n);
     s->dirty = true;
     /* A full batch may have more behind it; an unusual message changed the state: the full step takes over. */
     if (n == SDP_FAST_BATCH || !rs_sdp_steady(s))

@@ -39,16 +39,7 @@ static size_t copy_queued(struct rs_sdp_sock *s, uint8_t *buf, size_t len)
         uint32_t n = e->len < len - done ? e->len : (uint32_t)(len - done);
         memcpy(buf + done, s->rbuf_mem + (size_t)e->buf * s->rbuf_size + e->off, n);
         done += n;
-        e->off += n;
-        e->len -= n;
-        s->rx_bytes_queued -= n;
-        s->stats.bytes_received += n;
-        if (e->len == 0) {
-            uint32_t idx = e->buf;
-            s->rxq_head = (s->rxq_head + 1) % s->rxq_cap;
-            s->rxq_count--;
-            rs_sdp_rx_release_buf(s, idx);
-        }
+        rs_sdp_rx_consume(s, n);
     }
     return done;
 }

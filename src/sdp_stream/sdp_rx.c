@@ -242,6 +242,22 @@ void rs_sdp_on_recv(struct rs_sdp_sock *s, const struct rs_rnic_wc *wc)
     }
 }
 
+bool rs_sdp_rx_consume(struct rs_sdp_sock *s, uint32_t n)
+{
+    struct sdp_rx_entry *e = &s->rxq[s->rxq_head];
+    e->off += n;
+    e->len -= n;
+    s->rx_bytes_queued -= n;
+    s->stats.bytes_received += n;
+    if (e->len != 0)
+        return false;
+    uint32_t buf = e->buf;
+    s->rxq_head = (s->rxq_head + 1) % s->rxq_cap;
+    s->rxq_count--;
+    rs_sdp_rx_release_buf(s, buf);
+    return true;
+}
+
 /* ---- recv() ---- */
 
 static size_t iov_total(const struct iovec *iov, int iovcnt)
@@ -344,18 +360,8 @@ static ssize_t copy_out(struct rs_sdp_sock *s, const struct iovec *iov, int iovc
         }
         if (s->broken)
             break;      /* the reset already dropped the queue */
-        struct sdp_rx_entry *he = &s->rxq[s->rxq_head];
-        he->off += (uint32_t)n;
-        he->len -= (uint32_t)n;
-        s->rx_bytes_queued -= n;
-        s->stats.bytes_received += n;
-        if (he->len == 0) {
-            uint32_t buf = he->buf;
-            s->rxq_head = (s->rxq_head + 1) % s->rxq_cap;
-            s->rxq_count--;
-            rs_sdp_rx_release_buf(s, buf);
+        if (rs_sdp_rx_consume(s, (uint32_t)n))
             rs_sdp_credit_update_check(s);
-        }
     }
     return (ssize_t)done;
 }

@@ -987,6 +987,28 @@ static bool rc_flushing(struct rs_v_qp *qp)
     return atomic_load_explicit(&qp->state, memory_order_acquire) == RS_QPS_ERROR;
 }
 
+/* The request's flags as ibverbs spells them; -EINVAL for inline data the QP cannot take (or an inline READ). */
+static int send_flags(const struct rs_v_qp *qp, const struct rs_rnic_send_wr *wr, unsigned *out)
+{
+    unsigned f = 0;
+    if (wr->flags & RS_SEND_SIGNALED)
+        f |= IBV_SEND_SIGNALED;
+    if (wr->flags & RS_SEND_SOLICITED)
+        f |= IBV_SEND_SOLICITED;
+    if (wr->flags & RS_SEND_FENCE)
+        f |= IBV_SEND_FENCE;
+    if (wr->flags & RS_SEND_INLINE) {
+        uint64_t total = 0;
+        for (int i = 0; i < wr->num_sge; i++)
+            total += wr->sg_list[i].length;
+        if (total > qp->max_inline || wr->opcode == RS_WR_RDMA_READ)
+            return -EINVAL;
+        f |= IBV_SEND_INLINE;
+    }
+    *out = f;
+    return 0;
+}
+
 static int convert_send(struct rs_v_qp *qp, const struct rs_rnic_send_wr *wr, struct ibv_send_wr *iw)
 {
     memset(iw, 0, sizeof(*iw));
@@ -1029,21 +1051,7 @@ static int convert_send(struct rs_v_qp *qp, const struct rs_rnic_send_wr *wr, st
     iw->wr.rdma.rkey = wr->rdma.rkey;
     if (qp->type == RS_QPT_XRC_INI)
         iw->qp_type.xrc.remote_srqn = wr->xrc_remote_srq_num;
-    if (wr->flags & RS_SEND_SIGNALED)
-        iw->send_flags |= IBV_SEND_SIGNALED;
-    if (wr->flags & RS_SEND_SOLICITED)
-        iw->send_flags |= IBV_SEND_SOLICITED;
-    if (wr->flags & RS_SEND_FENCE)
-        iw->send_flags |= IBV_SEND_FENCE;
-    if (wr->flags & RS_SEND_INLINE) {
-        uint64_t total = 0;
-        for (int i = 0; i < wr->num_sge; i++)
-            total += wr->sg_list[i].length;
-        if (total > qp->max_inline || wr->opcode == RS_WR_RDMA_READ)
-            return -EINVAL;
-        iw->send_flags |= IBV_SEND_INLINE;
-    }
-    return 0;
+    return send_flags(qp, wr, &iw->send_flags);
 }
 
 /* The provider took the first `posted` requests of a batch (all of them, or those before the one it refused):
@@ -1067,23 +1075,13 @@ static int rc_post_one_send(struct rs_v_qp *qp, struct rs_rnic_send_wr *wr, stru
     uint32_t tail = atomic_load_explicit(&qp->sq.tail, memory_order_acquire);
     uint32_t max_sge = qp->max_send_sge ? qp->max_send_sge : 1;
     int r = 0;
+    unsigned flags = 0;
     if (head - tail >= qp->max_send_wr + SQ_RESERVE / 2)
         r = -ENOMEM;
     else if (wr->num_sge < 0 || (uint32_t)wr->num_sge > max_sge || (wr->num_sge && !wr->sg_list))
         r = -EINVAL;
-    unsigned flags = 0;
-    if (wr->flags & RS_SEND_SIGNALED)
-        flags |= IBV_SEND_SIGNALED;
-    if (wr->flags & RS_SEND_SOLICITED)
-        flags |= IBV_SEND_SOLICITED;
-    if (!r && (wr->flags & RS_SEND_INLINE)) {
-        uint64_t total = 0;
-        for (int i = 0; i < wr->num_sge; i++)
-            total += wr->sg_list[i].length;
-        if (total > qp->max_inline)
-            r = -EINVAL;
-        flags |= IBV_SEND_INLINE;
-    }
+    else
+        r = send_flags(qp, wr, &flags);
     if (r) {
         *bad_wr = wr;
         return r;
