@@ -668,6 +668,31 @@ void rs_stats_slot_add_io(int slot, uint64_t bytes_tx, uint64_t bytes_rx,
     seq_write_end(&s->seq);
 }
 
+void rs_stats_add_io(int slot, enum rs_stats_proto proto, uint64_t bytes, bool sent)
+{
+    struct rs_stats_area *area = rs_stats_get();
+    struct rs_stats_counters *c = &area->counters;
+    __atomic_fetch_add(sent ? &c->rdma_bytes_tx[proto] : &c->rdma_bytes_rx[proto], bytes, __ATOMIC_RELAXED);
+    __atomic_fetch_add(sent ? &c->rdma_msgs_tx[proto] : &c->rdma_msgs_rx[proto], 1, __ATOMIC_RELAXED);
+    if (slot < 0 || slot >= RS_STATS_MAX_SOCKETS)
+        return;
+    struct rs_stats_socket *s = &area->sockets[slot];
+    if (!seq_write_begin(&s->seq)) {
+        __atomic_fetch_add(&c->slot_updates_dropped, 1, __ATOMIC_RELAXED);
+        return;
+    }
+    if (s->in_use != 0) {
+        if (sent) {
+            s->bytes_tx += bytes;
+            s->msgs_tx++;
+        } else {
+            s->bytes_rx += bytes;
+            s->msgs_rx++;
+        }
+    }
+    seq_write_end(&s->seq);
+}
+
 /* ---- names ---- */
 
 static const char *const reason_names[RS_REASON_COUNT] = {

@@ -18,18 +18,14 @@ void rs_dg_stats_rdma_tx(struct rs_dgram_sock *s, size_t bytes)
 {
     if (!s->stats_on)
         return;
-    RS_STATS_ADD(rdma_bytes_tx[RS_STATS_PROTO_UDP], bytes);
-    RS_STATS_ADD(rdma_msgs_tx[RS_STATS_PROTO_UDP], 1);
-    rs_stats_slot_add_io(s->stats_slot, bytes, 0, 1, 0);
+    rs_stats_add_io(s->stats_slot, RS_STATS_PROTO_UDP, bytes, true);
 }
 
 void rs_dg_stats_rdma_rx(struct rs_dgram_sock *s, size_t bytes)
 {
     if (!s->stats_on)
         return;
-    RS_STATS_ADD(rdma_bytes_rx[RS_STATS_PROTO_UDP], bytes);
-    RS_STATS_ADD(rdma_msgs_rx[RS_STATS_PROTO_UDP], 1);
-    rs_stats_slot_add_io(s->stats_slot, 0, bytes, 0, 1);
+    rs_stats_add_io(s->stats_slot, RS_STATS_PROTO_UDP, bytes, false);
 }
 
 void rs_dgram_set_stats_slot(struct rs_dgram_sock *s, int slot)

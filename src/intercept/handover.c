@@ -728,13 +728,13 @@ static void sweep(void)
                 struct rs_isock *s = e->s;
                 e->failed = true;
                 pthread_mutex_unlock(&ho_lock);
-                pthread_mutex_lock(&s->lock);
+                rs_lock(&s->lock);
                 if (s->sdp && s->path == RS_IPATH_SDP && __atomic_load_n(&s->nfds, __ATOMIC_ACQUIRE) == 0 &&
                     !s->hb_busy) {
                     rs_fd_unmark_internal(rs_sdp_fd(s->sdp));
                     rs_sdp_close(s->sdp);
                 }
-                pthread_mutex_unlock(&s->lock);
+                rs_unlock(&s->lock);
                 pthread_mutex_lock(&ho_lock);
                 i = -1;                     /* the table may have changed meanwhile: from the top */
                 continue;
@@ -751,10 +751,10 @@ static void sweep(void)
         pthread_mutex_unlock(&ho_lock);
         for (int k = 0; k < n_put; k++) {
             struct rs_isock *s = to_put[k];
-            pthread_mutex_lock(&s->lock);
+            rs_lock(&s->lock);
             if (s->ho_slot >= 0 && !record_of(s->ho_slot, s->ho_token))
                 s->ho_slot = -1;            /* a later fork makes a new record */
-            pthread_mutex_unlock(&s->lock);
+            rs_unlock(&s->lock);
             rs_isock_put(s);
         }
     } while (n_put == (int)RS_ARRAY_SIZE(to_put));

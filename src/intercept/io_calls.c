@@ -20,36 +20,44 @@
 /* What one data call goes to. */
 struct io_target {
     struct rs_isock *s;             /* NULL: the kernel, untracked fd */
-    struct rs_sdp_sock *sdp;        /* held */
+    struct rs_sdp_sock *sdp;        /* held: a reference of our own, or counted in io_users (io_user) */
     struct rs_dgram_sock *dg;       /* the isock keeps it alive while s is held */
+    bool io_user;                   /* sdp found by rs_isock_io_begin: rs_isock_io_end, not a release */
     bool inherited;                 /* an SDP connection inherited across fork that could not follow: */
     int error;                      /* what every call on it answers */
 };
 
-static void target_of(int fd, struct io_target *t)
+/* Fills t for fd, a converted socket; false when fd is not one (t->s NULL, nothing held). */
+static bool target_of(int fd, struct io_target *t)
 {
-    /* Most fds are not ours (a verbs device takes a write(2) per doorbell): the lookup comes first. */
+    /* Most fds are not ours (a verbs device takes a write(2) per doorbell): the lookup comes first, and one that
+     * finds nothing answers at once. */
     t->s = rs_isock_get(fd);
+    if (!t->s)
+        return false;
     t->sdp = NULL;
     t->dg = NULL;
     t->inherited = false;
+    t->io_user = false;
     t->error = 0;
-    if (!t->s)
-        return;
     rs_isock_settle_connect(t->s, fd);
     switch (rs_isock_path_now(t->s)) {
     case RS_IPATH_DGRAM:
         t->dg = t->s->dg;
         break;
     case RS_IPATH_SDP:
-        pthread_mutex_lock(&t->s->lock);
+        if (rs_isock_io_begin(t->s, &t->sdp)) {
+            t->io_user = true;          /* the connection of this process: no lock, no reference of our own */
+            break;
+        }
+        rs_lock(&t->s->lock);
         if (t->s->sdp && t->s->owner == rs_self_pid() && t->s->path == RS_IPATH_SDP) {
             t->sdp = t->s->sdp;
             rs_sdp_hold(t->sdp);
         } else if (t->s->path == RS_IPATH_SDP) {
             t->inherited = true;
         }
-        pthread_mutex_unlock(&t->s->lock);
+        rs_unlock(&t->s->lock);
         if (t->inherited) {
             /* The parent's connection: claim it (it continues on kernel TCP, which the caller then uses). */
             int r = rs_isock_follow(t->s);
@@ -62,11 +70,14 @@ static void target_of(int fd, struct io_target *t)
     default:
         break;
     }
+    return true;
 }
 
 static void target_done(struct io_target *t)
 {
-    if (t->sdp)
+    if (t->io_user)
+        rs_isock_io_end(t->s);
+    else if (t->sdp)
         rs_sdp_release(t->sdp);
     if (t->s)
         rs_isock_put(t->s);
@@ -152,7 +163,7 @@ static ssize_t sdp_io(struct io_target *t, const struct iovec *iov, int iovcnt, 
     if (len && (sending ? len <= RS_SDP_SHORT_SEND_MAX && rs_sdp_send_fast(t->sdp, iov[0].iov_base, len, flags, &r)
                         : len <= RS_SDP_SHORT_RECV_MAX && rs_sdp_recv_fast(t->sdp, iov[0].iov_base, len, flags, &r))) {
         if (r > 0)
-            rs_isock_set_stats_io(t->s, sending ? (size_t)r : 0, sending ? 0 : (size_t)r);
+            rs_isock_set_stats_io(t->s, (size_t)r, sending);
         return r;
     }
     struct rs_signal_mark mark;
@@ -163,7 +174,7 @@ static ssize_t sdp_io(struct io_target *t, const struct iovec *iov, int iovcnt, 
     if (r == -EREMCHG)
         return handed_back(t);
     if (r > 0)
-        rs_isock_set_stats_io(t->s, sending ? (size_t)r : 0, sending ? 0 : (size_t)r);
+        rs_isock_set_stats_io(t->s, (size_t)r, sending);
     return r;
 }
 
@@ -209,9 +220,10 @@ static ssize_t deliver_errqueue(struct io_target *t, struct msghdr *msg)
  * connection, an adopted UDP socket, or an SDP connection inherited across fork); if not, the real function runs
  * with the caller's arguments; if so, one of the rdma_* helpers does the work and target_done() lets go.
  */
-static bool rdma_target(int fd, struct io_target *t)
+static inline __attribute__((always_inline)) bool rdma_target(int fd, struct io_target *t)
 {
-    target_of(fd, t);
+    if (!target_of(fd, t))
+        return false;
     if (target_is_rdma(t))
         return true;
     target_done(t);
@@ -226,8 +238,6 @@ static bool rdma_target(int fd, struct io_target *t)
 #define IO_CALL(fd, t, real_call, rdma_call)            \
     do {                                                \
         ssize_t r_;                                     \
-        if (!rs_fd_maybe((fd), RS_FD_SOCK))             \
-            return real_call;                           \
         do {                                            \
             if (!rdma_target((fd), &(t)))               \
                 return real_call;                       \

@@ -116,6 +116,9 @@ static void isock_destroy(struct rs_fd_obj *obj)
         rs_fd_unmark_internal(rs_sdp_fd(s->sdp));
         rs_sdp_release(s->sdp);
     }
+    for (uint32_t i = 0; mine && i < s->n_retired; i++)
+        rs_sdp_release(s->retired[i]);
+    free(s->retired);
     if (s->dg && mine) {
         rs_fd_unmark_internal(rs_dgram_fd(s->dg));
         rs_fd_unmark_internal(s->dg_fd);
@@ -126,8 +129,6 @@ static void isock_destroy(struct rs_fd_obj *obj)
         RS_REAL(close)(s->handed_fd);
     }
     rs_stats_slot_release(s->stats_slot);
-    pthread_cond_destroy(&s->hb_cond);
-    pthread_mutex_destroy(&s->lock);
     free(s);
 }
 
@@ -229,8 +230,8 @@ struct rs_isock *rs_isock_create(int fd, int family, int type, int protocol)
     if (!s)
         return NULL;
     rs_fd_obj_init(&s->obj, RS_FD_SOCK, isock_destroy);
-    pthread_mutex_init(&s->lock, NULL);
-    pthread_cond_init(&s->hb_cond, NULL);
+    rs_lock_init(&s->lock);
+    rs_cond_init(&s->hb_cond);
     s->ho_slot = -1;
     s->handed_fd = -1;
     s->family = family;
@@ -276,7 +277,7 @@ int rs_isock_install(struct rs_isock *s, int fd)
 int rs_isock_last_close(struct rs_isock *s)
 {
     rs_wait_isock_closed(s);
-    pthread_mutex_lock(&s->lock);
+    rs_lock(&s->lock);
     int r = 0;
     if (s->sdp && s->owner == rs_self_pid()) {
         if (s->hb_busy) {
@@ -308,7 +309,7 @@ int rs_isock_last_close(struct rs_isock *s)
         }
     }
     rs_stats_slot_set_state(s->stats_slot, RS_STATS_STATE_CLOSED);
-    pthread_mutex_unlock(&s->lock);
+    rs_unlock(&s->lock);
     return r == -EWOULDBLOCK ? 0 : r;
 }
 
@@ -337,7 +338,7 @@ void rs_isock_save_opt(struct rs_isock *s, int level, int name, const void *val,
 {
     if (len > sizeof(s->saved[0].val) || !val)
         return;
-    pthread_mutex_lock(&s->lock);
+    rs_lock(&s->lock);
     int i;
     for (i = 0; i < s->n_saved; i++)
         if (s->saved[i].level == level && s->saved[i].name == name)
@@ -350,22 +351,7 @@ void rs_isock_save_opt(struct rs_isock *s, int level, int name, const void *val,
         if (i == s->n_saved)
             s->n_saved++;
     }
-    pthread_mutex_unlock(&s->lock);
-}
-
-void rs_isock_set_stats_io(struct rs_isock *s, size_t tx, size_t rx)
-{
-    int proto = s->type == SOCK_DGRAM ? RS_STATS_PROTO_UDP : RS_STATS_PROTO_TCP;
-    if (tx) {
-        RS_STATS_ADD(rdma_bytes_tx[proto], tx);
-        RS_STATS_ADD(rdma_msgs_tx[proto], 1);
-    }
-    if (rx) {
-        RS_STATS_ADD(rdma_bytes_rx[proto], rx);
-        RS_STATS_ADD(rdma_msgs_rx[proto], 1);
-    }
-    if (s->stats_slot >= 0)
-        rs_stats_slot_add_io(s->stats_slot, tx, rx, tx ? 1 : 0, rx ? 1 : 0);
+    rs_unlock(&s->lock);
 }
 
 /* ---- the SDP side ---- */
@@ -420,12 +406,57 @@ static int make_sdp(struct rs_isock *s, int fd, int family, bool nonblock, struc
 static void attach_sdp(struct rs_isock *s, struct rs_sdp_sock *sdp, enum rs_isock_path path)
 {
     rs_sdp_hold(sdp);
-    s->sdp = sdp;
     s->owner = rs_self_pid();
+    __atomic_store_n(&s->sdp, sdp, __ATOMIC_SEQ_CST);
     rs_fd_mark_internal(rs_sdp_fd(sdp));
     apply_interest(s, +1);
     __atomic_store_n(&s->path, path, __ATOMIC_RELEASE);
     bump_generation(s);
+}
+
+/* Lock held: releases the SDP sides detached while data calls ran, if none runs any more (a call that starts now
+ * finds sdp NULL or a newer side, never one of these). */
+static void release_retired_locked(struct rs_isock *s)
+{
+    if (__atomic_load_n(&s->io_users, __ATOMIC_SEQ_CST) != 0)
+        return;         /* the last of them releases them */
+    __atomic_store_n(&s->retired_pending, false, __ATOMIC_SEQ_CST);
+    for (uint32_t i = 0; i < s->n_retired; i++)
+        rs_sdp_release(s->retired[i]);
+    s->n_retired = 0;
+}
+
+void rs_isock_io_release_retired(struct rs_isock *s)
+{
+    rs_lock(&s->lock);
+    release_retired_locked(s);
+    rs_unlock(&s->lock);
+}
+
+/* Lock held: s->sdp is no longer published; its reference goes now, or once the data calls that may have read it
+ * are over (rs_isock_io_begin). */
+static void retire_sdp(struct rs_isock *s)
+{
+    struct rs_sdp_sock *old = s->sdp;
+    __atomic_store_n(&s->sdp, NULL, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&s->io_users, __ATOMIC_SEQ_CST) == 0) {
+        rs_sdp_release(old);
+        return;
+    }
+    if (s->n_retired == s->retired_cap) {
+        uint32_t cap = s->retired_cap ? s->retired_cap * 2 : 2;
+        struct rs_sdp_sock **grown = realloc(s->retired, cap * sizeof(*grown));
+        if (!grown) {
+            /* Keeping the reference for ever is safe; releasing it under a running call is not. */
+            RS_LOG_ONCE(RS_LOG_WARN, "out of memory: an SDP socket detached under a running call is never freed");
+            return;
+        }
+        s->retired = grown;
+        s->retired_cap = cap;
+    }
+    s->retired[s->n_retired++] = old;
+    __atomic_store_n(&s->retired_pending, true, __ATOMIC_SEQ_CST);
+    release_retired_locked(s);
 }
 
 /* Drops the SDP side (lock held): the application no longer reaches it. */
@@ -439,8 +470,7 @@ static void detach_sdp(struct rs_isock *s, bool close_it)
         if (close_it)
             rs_sdp_close(s->sdp);
     }
-    rs_sdp_release(s->sdp);
-    s->sdp = NULL;
+    retire_sdp(s);
     bump_generation(s);
 }
 
@@ -521,7 +551,7 @@ static int start_sdp_listener(struct rs_isock *s, int fd)
 
 int rs_isock_listen(struct rs_isock *s, int fd, int backlog)
 {
-    pthread_mutex_lock(&s->lock);
+    rs_lock(&s->lock);
     enum rs_isock_path path = s->path;
     if (path == RS_IPATH_LISTEN || path == RS_IPATH_KERNEL || path == RS_IPATH_SDP) {
         /* A second listen() only changes the backlog; on anything but a listener the kernel answers. */
@@ -530,14 +560,14 @@ int rs_isock_listen(struct rs_isock *s, int fd, int backlog)
             r = RS_REAL(listen)(fd, backlog) == 0 ? 0 : -errno;
         if (r == 0 && path == RS_IPATH_LISTEN && s->sdp)
             r = rs_sdp_listen(s->sdp, backlog);
-        pthread_mutex_unlock(&s->lock);
+        rs_unlock(&s->lock);
         return r;
     }
     struct sockaddr_storage local;
     socklen_t llen = sizeof(local);
     if (RS_REAL(getsockname)(fd, (struct sockaddr *)&local, &llen) != 0) {
         int e = errno;
-        pthread_mutex_unlock(&s->lock);
+        rs_unlock(&s->lock);
         return -e;
     }
     struct rs_decision d = rs_policy_decide(RS_PROTO_TCP, RS_ROLE_SERVER, (struct sockaddr *)&local);
@@ -550,7 +580,7 @@ int rs_isock_listen(struct rs_isock *s, int fd, int backlog)
             __atomic_store_n(&s->path, RS_IPATH_KERNEL, __ATOMIC_RELEASE);
             stats_decided(s, fd, RS_STATS_ROLE_LISTENER, RS_STATS_PATH_KERNEL, d.reason);
         }
-        pthread_mutex_unlock(&s->lock);
+        rs_unlock(&s->lock);
         return r;
     }
     /* The kernel socket always gets a port (an explicit bind, or the one listen would pick), so the application's
@@ -565,7 +595,7 @@ int rs_isock_listen(struct rs_isock *s, int fd, int backlog)
             if (s->sdp)
                 detach_sdp(s, true);
             __atomic_store_n(&s->path, RS_IPATH_UNDECIDED, __ATOMIC_RELEASE);
-            pthread_mutex_unlock(&s->lock);
+            rs_unlock(&s->lock);
             return -e;
         }
         s->kernel_listening = true;
@@ -576,20 +606,20 @@ int rs_isock_listen(struct rs_isock *s, int fd, int backlog)
         if (d.mode == RS_MODE_RDMA) {
             RS_ERROR("fd %d: RDMA listener failed (%s) and the rule allows no kernel listener",
                    fd, strerror(-r));
-            pthread_mutex_unlock(&s->lock);
+            rs_unlock(&s->lock);
             return r;
         }
         RS_LOG_ONCE(RS_LOG_WARN, "fd %d: RDMA listener failed (%s): serving kernel TCP clients only", fd,
                     strerror(-r));
         __atomic_store_n(&s->path, RS_IPATH_KERNEL, __ATOMIC_RELEASE);
         stats_decided(s, fd, RS_STATS_ROLE_LISTENER, RS_STATS_PATH_FALLBACK, reason_for_error(-r));
-        pthread_mutex_unlock(&s->lock);
+        rs_unlock(&s->lock);
         return 0;
     }
     stats_decided(s, fd, RS_STATS_ROLE_LISTENER, RS_STATS_PATH_RDMA, d.reason);
     rs_stats_slot_set_state(s->stats_slot, RS_STATS_STATE_LISTENING);
     rs_stats_slot_set_addresses(s->stats_slot, (struct sockaddr *)&local, llen, NULL, 0);
-    pthread_mutex_unlock(&s->lock);
+    rs_unlock(&s->lock);
     return 0;
 }
 
@@ -597,7 +627,7 @@ void rs_isock_revive(struct rs_isock *s, int fd)
 {
     if (!__atomic_load_n(&s->dormant, __ATOMIC_ACQUIRE))
         return;
-    pthread_mutex_lock(&s->lock);
+    rs_lock(&s->lock);
     if (s->dormant) {
         s->dormant = false;
         int r = start_sdp_listener(s, fd);
@@ -607,7 +637,7 @@ void rs_isock_revive(struct rs_isock *s, int fd)
             bump_generation(s);
         }
     }
-    pthread_mutex_unlock(&s->lock);
+    rs_unlock(&s->lock);
 }
 
 /* The application fd for an accepted SDP connection: a kernel socket that never connects stands for it. It is
@@ -633,8 +663,8 @@ static int install_accepted(struct rs_isock *l, int fd, struct rs_sdp_sock *sdp,
         return -ENOMEM;
     }
     rs_fd_obj_init(&s->obj, RS_FD_SOCK, isock_destroy);
-    pthread_mutex_init(&s->lock, NULL);
-    pthread_cond_init(&s->hb_cond, NULL);
+    rs_lock_init(&s->lock);
+    rs_cond_init(&s->hb_cond);
     s->ho_slot = -1;
     s->handed_fd = -1;
     /* Linux: an accepted socket starts with its listener's options. */
@@ -679,13 +709,13 @@ static int install_accepted(struct rs_isock *l, int fd, struct rs_sdp_sock *sdp,
 static int accept_once(struct rs_isock *s, int fd, struct sockaddr *addr, socklen_t *len, int flags)
 {
     struct rs_sdp_sock *sdp = NULL;
-    pthread_mutex_lock(&s->lock);
+    rs_lock(&s->lock);
     if (s->sdp && s->path == RS_IPATH_LISTEN) {
         sdp = s->sdp;
         rs_sdp_hold(sdp);
     }
     bool kernel = s->kernel_listening || s->path == RS_IPATH_KERNEL;
-    pthread_mutex_unlock(&s->lock);
+    rs_unlock(&s->lock);
     if (sdp) {
         int placeholder = make_placeholder(s, flags);
         if (placeholder < 0) {
@@ -823,28 +853,28 @@ static void connected(struct rs_isock *s, int fd)
 
 int rs_isock_connect(struct rs_isock *s, int fd, const struct sockaddr *dst, socklen_t len)
 {
-    pthread_mutex_lock(&s->lock);
+    rs_lock(&s->lock);
     enum rs_isock_path path = s->path;
     if (path == RS_IPATH_SDP) {
         int r = s->connecting ? -EALREADY : -EISCONN;
-        pthread_mutex_unlock(&s->lock);
+        rs_unlock(&s->lock);
         if (r == -EALREADY) {
             rs_isock_settle_connect(s, fd);
-            pthread_mutex_lock(&s->lock);
+            rs_lock(&s->lock);
             r = s->path != RS_IPATH_SDP ? -EALREADY : s->connecting ? -EALREADY : -EISCONN;
-            pthread_mutex_unlock(&s->lock);
+            rs_unlock(&s->lock);
         }
         return r;
     }
     if (path != RS_IPATH_UNDECIDED || !dst || len < sizeof(sa_family_t) ||
         (dst->sa_family != AF_INET && dst->sa_family != AF_INET6)) {
-        pthread_mutex_unlock(&s->lock);
+        rs_unlock(&s->lock);
         return RS_REAL(connect)(fd, dst, len) == 0 ? 0 : -errno;
     }
     struct sockaddr_storage rdma;
     socklen_t rlen = rs_addr_unmap(dst, len, &rdma);
     if (rlen == 0) {
-        pthread_mutex_unlock(&s->lock);
+        rs_unlock(&s->lock);
         return RS_REAL(connect)(fd, dst, len) == 0 ? 0 : -errno;
     }
     struct rs_decision d = rs_policy_decide(RS_PROTO_TCP, RS_ROLE_CLIENT, (struct sockaddr *)&rdma);
@@ -855,7 +885,7 @@ int rs_isock_connect(struct rs_isock *s, int fd, const struct sockaddr *dst, soc
     if (d.mode == RS_MODE_KERNEL) {
         __atomic_store_n(&s->path, RS_IPATH_KERNEL, __ATOMIC_RELEASE);
         stats_decided(s, fd, RS_STATS_ROLE_CLIENT, RS_STATS_PATH_KERNEL, d.reason);
-        pthread_mutex_unlock(&s->lock);
+        rs_unlock(&s->lock);
         return RS_REAL(connect)(fd, dst, len) == 0 ? 0 : -errno;
     }
     int fl = RS_REAL(fcntl)(fd, F_GETFL);
@@ -868,16 +898,16 @@ int rs_isock_connect(struct rs_isock *s, int fd, const struct sockaddr *dst, soc
         stats_decided(s, fd, RS_STATS_ROLE_CLIENT, RS_STATS_PATH_RDMA, d.reason);
         rs_stats_slot_set_state(s->stats_slot, RS_STATS_STATE_CONNECTING);
         /* A blocking connect may take a while: never hold the lock across it. */
-        pthread_mutex_unlock(&s->lock);
+        rs_unlock(&s->lock);
         r = rs_sdp_connect(sdp, (struct sockaddr *)&rdma, rlen);
         /* The peer accepted, forked and handed the connection back before this connect returned (a fork-per-
          * connection server is that quick): it is connected, and continues on kernel TCP from the next call. */
         if (r != 0 && r != -EINPROGRESS && r != -EINTR && rs_sdp_handed_back(sdp))
             r = 0;
-        pthread_mutex_lock(&s->lock);
+        rs_lock(&s->lock);
         if (s->sdp != sdp) {
             /* Another thread settled or closed it meanwhile. */
-            pthread_mutex_unlock(&s->lock);
+            rs_unlock(&s->lock);
             return r == 0 ? 0 : r;
         }
     }
@@ -892,7 +922,7 @@ int rs_isock_connect(struct rs_isock *s, int fd, const struct sockaddr *dst, soc
         rs_stats_slot_set_state(s->stats_slot, RS_STATS_STATE_ERROR);
         RS_DEBUG("fd %d: RDMA connect failed (%s) and the rule allows no kernel fallback", fd, strerror(-r));
     }
-    pthread_mutex_unlock(&s->lock);
+    rs_unlock(&s->lock);
     return r;
 }
 
@@ -900,7 +930,7 @@ void rs_isock_settle_connect(struct rs_isock *s, int fd)
 {
     if (!__atomic_load_n(&s->connecting, __ATOMIC_ACQUIRE))
         return;
-    pthread_mutex_lock(&s->lock);
+    rs_lock(&s->lock);
     if (s->connecting && s->sdp) {
         unsigned m = rs_sdp_poll(s->sdp);
         if (m & POLLERR) {
@@ -919,7 +949,7 @@ void rs_isock_settle_connect(struct rs_isock *s, int fd)
             connected(s, fd);
         }
     }
-    pthread_mutex_unlock(&s->lock);
+    rs_unlock(&s->lock);
 }
 
 /* ---- hand-back: the connection continues on kernel TCP (isock_int.h, handover.h) ---- */
@@ -928,7 +958,7 @@ void rs_isock_record_opt(struct rs_isock *s, int level, int name, const void *va
 {
     if (!val || len > sizeof(s->app_opts[0].val) || level == RS_SOL_SDP)
         return;
-    pthread_mutex_lock(&s->lock);
+    rs_lock(&s->lock);
     int i;
     for (i = 0; i < s->n_app_opts; i++)
         if (s->app_opts[i].level == level && s->app_opts[i].name == name)
@@ -939,7 +969,7 @@ void rs_isock_record_opt(struct rs_isock *s, int level, int name, const void *va
         if (i == s->n_app_opts)
             s->n_app_opts++;
     }
-    pthread_mutex_unlock(&s->lock);
+    rs_unlock(&s->lock);
 }
 
 bool rs_isock_handed_back(struct rs_isock *s)
@@ -1013,7 +1043,7 @@ static void drop_sdp_side(struct rs_isock *s)
     if (s->owner == rs_self_pid()) {
         detach_sdp(s, true);
     } else if (s->sdp) {
-        s->sdp = NULL;          /* the parent's object: its memory here is a copy nobody uses */
+        __atomic_store_n(&s->sdp, NULL, __ATOMIC_SEQ_CST);  /* the parent's object: its memory here is a copy */
         bump_generation(s);
     }
     if (s->handed_fd >= 0) {
@@ -1063,19 +1093,19 @@ static void lost_locked(struct rs_isock *s)
 static void wait_not_busy(struct rs_isock *s)
 {
     while (s->hb_busy)
-        pthread_cond_wait(&s->hb_cond, &s->lock);
+        rs_cond_wait(&s->hb_cond, &s->lock);
 }
 
 static void set_busy(struct rs_isock *s, bool busy)
 {
     s->hb_busy = busy;
     if (!busy)
-        pthread_cond_broadcast(&s->hb_cond);
+        rs_cond_broadcast(&s->hb_cond);
 }
 
 int rs_isock_adopt(struct rs_isock *s)
 {
-    pthread_mutex_lock(&s->lock);
+    rs_lock(&s->lock);
     wait_not_busy(s);
     int r = 0;
     if (s->path == RS_IPATH_SDP && s->sdp && s->owner == rs_self_pid()) {
@@ -1094,7 +1124,7 @@ int rs_isock_adopt(struct rs_isock *s)
             r = -ECONNRESET;
         }
     }
-    pthread_mutex_unlock(&s->lock);
+    rs_unlock(&s->lock);
     return r;
 }
 
@@ -1102,9 +1132,9 @@ int rs_isock_follow(struct rs_isock *s)
 {
     if (rs_isock_path_now(s) != RS_IPATH_SDP || __atomic_load_n(&s->connecting, __ATOMIC_ACQUIRE))
         return 0;
-    pthread_mutex_lock(&s->lock);
+    rs_lock(&s->lock);
     if (s->owner == rs_self_pid() || s->path != RS_IPATH_SDP) {
-        pthread_mutex_unlock(&s->lock);
+        rs_unlock(&s->lock);
         return 0;
     }
     wait_not_busy(s);
@@ -1115,9 +1145,9 @@ int rs_isock_follow(struct rs_isock *s)
         r = -EBADF;
     } else {
         set_busy(s, true);
-        pthread_mutex_unlock(&s->lock);
+        rs_unlock(&s->lock);
         int kfd = rs_ho_claim(s);
-        pthread_mutex_lock(&s->lock);
+        rs_lock(&s->lock);
         if (kfd >= 0) {
             adopt_locked(s, kfd);
         } else {
@@ -1126,22 +1156,22 @@ int rs_isock_follow(struct rs_isock *s)
         }
         set_busy(s, false);
     }
-    pthread_mutex_unlock(&s->lock);
+    rs_unlock(&s->lock);
     return r;
 }
 
 int rs_isock_handback(struct rs_isock *s, int timeout_ms, bool adopt_now)
 {
-    pthread_mutex_lock(&s->lock);
+    rs_lock(&s->lock);
     wait_not_busy(s);
     int r;
     if (s->path != RS_IPATH_SDP) {
         r = s->reason == RS_ISOCK_REASON_HANDED_BACK && !s->lost ? 0 : -EOPNOTSUPP;
-        pthread_mutex_unlock(&s->lock);
+        rs_unlock(&s->lock);
         return r;
     }
     if (!s->sdp || s->owner != rs_self_pid() || s->connecting) {
-        pthread_mutex_unlock(&s->lock);
+        rs_unlock(&s->lock);
         return -EOPNOTSUPP;
     }
     if (s->handed_fd >= 0) {
@@ -1153,20 +1183,20 @@ int rs_isock_handback(struct rs_isock *s, int timeout_ms, bool adopt_now)
             s->handed_fd = -1;
             adopt_locked(s, kfd);
         }
-        pthread_mutex_unlock(&s->lock);
+        rs_unlock(&s->lock);
         return 0;
     }
     struct rs_sdp_sock *sdp = s->sdp;
     rs_sdp_hold(sdp);
     set_busy(s, true);
-    pthread_mutex_unlock(&s->lock);
+    rs_unlock(&s->lock);
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     int kfd = rs_sdp_handback(sdp, timeout_ms);
     clock_gettime(CLOCK_MONOTONIC, &t1);
     RS_DEBUG("isock: hand-back %s in %ld us", kfd >= 0 ? "done" : strerror(-kfd),
              (long)((t1.tv_sec - t0.tv_sec) * 1000000L + (t1.tv_nsec - t0.tv_nsec) / 1000));
-    pthread_mutex_lock(&s->lock);
+    rs_lock(&s->lock);
     bool app_gone = __atomic_load_n(&s->nfds, __ATOMIC_ACQUIRE) == 0;
     if (kfd >= 0) {
         r = 0;
@@ -1185,7 +1215,7 @@ int rs_isock_handback(struct rs_isock *s, int timeout_ms, bool adopt_now)
             detach_sdp(s, true);
     }
     set_busy(s, false);
-    pthread_mutex_unlock(&s->lock);
+    rs_unlock(&s->lock);
     rs_sdp_release(sdp);
     return r;
 }
@@ -1213,7 +1243,7 @@ bool rs_isock_listener(struct rs_isock *s)
 
 void rs_isock_interest(struct rs_isock *s, unsigned events, int delta)
 {
-    pthread_mutex_lock(&s->lock);
+    rs_lock(&s->lock);
     static const unsigned bits[4] = { POLLIN, POLLOUT, POLLRDHUP, POLLPRI };
     for (int i = 0; i < 4; i++) {
         if (!(events & bits[i]))
@@ -1227,7 +1257,7 @@ void rs_isock_interest(struct rs_isock *s, unsigned events, int delta)
         else if (s->dg)
             rs_dgram_interest(s->dg, bits[i], delta);
     }
-    pthread_mutex_unlock(&s->lock);
+    rs_unlock(&s->lock);
 }
 
 int rs_isock_wait_fds(struct rs_isock *s, int fd, unsigned events, struct pollfd out[RS_ISOCK_WAIT_FDS])
@@ -1237,14 +1267,14 @@ int rs_isock_wait_fds(struct rs_isock *s, int fd, unsigned events, struct pollfd
     rs_isock_settle_connect(s, fd);
     memset(out, 0, sizeof(struct pollfd) * RS_ISOCK_WAIT_FDS);
     int n = 0;
-    pthread_mutex_lock(&s->lock);
+    rs_lock(&s->lock);
     if (s->path == RS_IPATH_SDP && !(s->sdp && s->owner == rs_self_pid()) && s->ho_slot >= 0 && !s->connecting) {
         /* Inherited across fork: waiting for it is using it. Claimed, it is a kernel socket like any other. (A
          * hand-back of our own connection needs nothing here: its mask wakes the waiter, and rs_isock_poll
          * switches over and moves the generation.) */
-        pthread_mutex_unlock(&s->lock);
+        rs_unlock(&s->lock);
         (void)rs_isock_follow(s);
-        pthread_mutex_lock(&s->lock);
+        rs_lock(&s->lock);
     }
     switch (s->path) {
     case RS_IPATH_DGRAM:
@@ -1275,7 +1305,7 @@ int rs_isock_wait_fds(struct rs_isock *s, int fd, unsigned events, struct pollfd
         out[n++].events = (short)events;
         break;
     }
-    pthread_mutex_unlock(&s->lock);
+    rs_unlock(&s->lock);
     return n;
 }
 
@@ -1294,12 +1324,12 @@ unsigned rs_isock_poll(struct rs_isock *s, int fd)
     case RS_IPATH_DGRAM:
         return rs_dgram_poll(s->dg);
     case RS_IPATH_SDP: {
-        pthread_mutex_lock(&s->lock);
+        rs_lock(&s->lock);
         struct rs_sdp_sock *sdp = s->sdp && s->owner == rs_self_pid() ? s->sdp : NULL;
         if (sdp)
             rs_sdp_hold(sdp);
         bool handed = s->handed_fd >= 0;
-        pthread_mutex_unlock(&s->lock);
+        rs_unlock(&s->lock);
         if (!sdp) {
             /* Inherited across fork: claimed now (or it cannot be), the kernel socket answers. */
             (void)rs_isock_follow(s);
@@ -1321,12 +1351,12 @@ unsigned rs_isock_poll(struct rs_isock *s, int fd)
     }
     case RS_IPATH_LISTEN: {
         unsigned m = 0;
-        pthread_mutex_lock(&s->lock);
+        rs_lock(&s->lock);
         struct rs_sdp_sock *sdp = s->sdp;
         if (sdp)
             rs_sdp_hold(sdp);
         bool kernel = s->kernel_listening;
-        pthread_mutex_unlock(&s->lock);
+        rs_unlock(&s->lock);
         if (sdp) {
             m |= rs_sdp_poll(sdp) & (POLLIN | POLLERR);
             rs_sdp_release(sdp);
@@ -1353,8 +1383,12 @@ static void fork_visit(int fd, struct rs_fd_obj *obj, void *arg)
         return;
     struct rs_isock *s = (struct rs_isock *)obj;
     if (child) {
-        pthread_mutex_init(&s->lock, NULL);     /* a parent thread may have held it at the fork */
-        pthread_cond_init(&s->hb_cond, NULL);
+        rs_lock_init(&s->lock);     /* a parent thread may have held it at the fork */
+        rs_cond_init(&s->hb_cond);
+        /* The parent's calls in flight and the sides they kept alive: not this process's to count or release. */
+        s->io_users = 0;
+        s->retired_pending = false;
+        s->n_retired = 0;
         s->hb_busy = false;                     /* the parent's hand-back, not ours */
         if (s->handed_fd >= 0) {
             /* The parent's kernel socket, kept for its application: our copy would keep the connection open. */
@@ -1371,15 +1405,15 @@ static void fork_visit(int fd, struct rs_fd_obj *obj, void *arg)
     (void)fd;
     /* Listeners go dormant in both processes (see the top of this file). In the child the SDP object belongs to
      * the parent: forget it without touching it. */
-    pthread_mutex_lock(&s->lock);
+    rs_lock(&s->lock);
     if (s->sdp) {
         if (child) {
-            s->sdp = NULL;      /* the parent's; its memory is the parent's copy, never used here */
+            __atomic_store_n(&s->sdp, NULL, __ATOMIC_SEQ_CST);  /* the parent's copy, never used here */
             bump_generation(s);
         } else if (rs_sdp_dispatching(s->sdp)) {
             /* Verbs: this process keeps the port's one rdma_cm listener and hands connections to the processes
              * of the family that wait (sdp_family.c); it does not go dormant. */
-            pthread_mutex_unlock(&s->lock);
+            rs_unlock(&s->lock);
             return;
         } else {
             /* Parked, not closed: where the RNIC can share it (soft), clients connecting before some process of
@@ -1392,7 +1426,7 @@ static void fork_visit(int fd, struct rs_fd_obj *obj, void *arg)
         }
         s->dormant = true;
     }
-    pthread_mutex_unlock(&s->lock);
+    rs_unlock(&s->lock);
 }
 
 /* Before the fork: a listener the RNIC cannot share across processes (verbs) becomes its family's dispatcher, with
@@ -1404,7 +1438,7 @@ static void fork_prepare_visit(int fd, struct rs_fd_obj *obj, void *arg)
     if (obj->type != RS_FD_SOCK)
         return;
     struct rs_isock *s = (struct rs_isock *)obj;
-    pthread_mutex_lock(&s->lock);
+    rs_lock(&s->lock);
     if (s->path == RS_IPATH_LISTEN && s->sdp && s->owner == rs_self_pid()) {
         int r = rs_sdp_dispatch_enable(s->sdp, false);
         if (r != 0 && r != -EOPNOTSUPP)
@@ -1418,7 +1452,7 @@ static void fork_prepare_visit(int fd, struct rs_fd_obj *obj, void *arg)
         else if (s->owner != rs_self_pid())
             rs_ho_prepare_held(s);
     }
-    pthread_mutex_unlock(&s->lock);
+    rs_unlock(&s->lock);
 }
 
 void rs_isock_fork_prepare(void)

@@ -11,6 +11,9 @@
 #include <sys/socket.h>
 
 #include "common/config.h"
+#include "common/lock.h"
+#include "common/stats.h"
+#include "common/thread.h"
 #include "dgram_wr/dgram.h"
 #include "intercept/isock.h"
 #include "intercept/policy.h"
@@ -40,14 +43,15 @@ struct rs_saved_opt {
 
 struct rs_isock {
     struct rs_fd_obj obj;                   /* first: the fd table points here */
-    pthread_mutex_t lock;                   /* state changes only; the data path reads the fields below it
-                                             * published with release stores */
+    struct rs_lock lock;                    /* state changes only (common/lock.h); the data path reads the fields below
+                                             * it published with release stores */
     int family, type, protocol;
     int nfds;                               /* application fds naming this socket (atomic) */
     pid_t owner;                            /* process whose RNIC state sdp/listener belong to */
 
     enum rs_isock_path path;                /* atomic load on the data path */
-    struct rs_sdp_sock *sdp;                /* SDP connection or listener (isock holds one rs_sdp_hold) */
+    struct rs_sdp_sock *sdp;                /* SDP connection or listener (isock holds one rs_sdp_hold); written
+                                             * with atomic stores: data calls read it without the lock */
     struct rs_dgram_sock *dg;               /* datagram side (isock holds one rs_dgram_hold) */
     int dg_fd;                              /* private dup of the UDP socket the datagram layer reads */
 
@@ -76,7 +80,7 @@ struct rs_isock {
     int ho_slot;                            /* record in the family's hand-over arena, -1 none */
     uint64_t ho_token;
     bool hb_busy;                           /* a hand-back or claim of this process is under way (lock) */
-    pthread_cond_t hb_cond;                 /* broadcast when hb_busy clears (with lock) */
+    struct rs_cond hb_cond;                 /* broadcast when hb_busy clears (with lock) */
     int handed_fd;                          /* owner: kernel socket of a finished hand-back the application's names
                                              * have not switched to yet (internal fd), -1 */
     bool lost;                              /* a claim or hand-back failed: the names hold a dead socket */
@@ -85,7 +89,40 @@ struct rs_isock {
     unsigned interest[4];                   /* waiters per event: POLLIN, POLLOUT, POLLRDHUP, POLLPRI */
     uint32_t generation;                    /* atomic */
     int stats_slot;
+
+    /* Data calls in flight that read sdp without the lock (rs_isock_io_begin). An SDP side detached while some
+     * run is kept here, with its reference, until the last of them ends (lock). */
+    uint32_t io_users;                      /* atomic */
+    bool retired_pending;                   /* atomic: retired holds something */
+    struct rs_sdp_sock **retired;
+    uint32_t n_retired, retired_cap;
 };
+
+/* Ends what rs_isock_io_begin began; the last call out releases the SDP sides detached meanwhile. */
+void rs_isock_io_release_retired(struct rs_isock *s);
+static inline void rs_isock_io_end(struct rs_isock *s)
+{
+    if (__atomic_sub_fetch(&s->io_users, 1, __ATOMIC_SEQ_CST) == 0 &&
+        __atomic_load_n(&s->retired_pending, __ATOMIC_SEQ_CST))
+        rs_isock_io_release_retired(s);
+}
+
+/*
+ * The data path's way to the SDP side of a connection this process owns, without the lock or a reference of its
+ * own: io_users counts the call, and a side detached meanwhile stays alive until the count falls to zero. True with
+ * *sdp set; rs_isock_io_end must follow. False (nothing held) when s is not such a connection right now.
+ */
+static inline bool rs_isock_io_begin(struct rs_isock *s, struct rs_sdp_sock **sdp)
+{
+    __atomic_add_fetch(&s->io_users, 1, __ATOMIC_SEQ_CST);
+    struct rs_sdp_sock *found = __atomic_load_n(&s->sdp, __ATOMIC_SEQ_CST);
+    if (found && __atomic_load_n(&s->path, __ATOMIC_ACQUIRE) == RS_IPATH_SDP && s->owner == rs_self_pid()) {
+        *sdp = found;
+        return true;
+    }
+    rs_isock_io_end(s);
+    return false;
+}
 
 /* Creates an isock for a fresh kernel socket fd and installs it at fd. NULL when the socket is not one rdmasock
  * may ever convert (the caller then leaves the fd untracked). */
@@ -144,7 +181,11 @@ static inline enum rs_isock_path rs_isock_path_now(struct rs_isock *s)
 }
 
 void rs_isock_save_opt(struct rs_isock *s, int level, int name, const void *val, socklen_t len);
-void rs_isock_set_stats_io(struct rs_isock *s, size_t tx, size_t rx);
+/* One data call on s moved bytes over RDMA (statistics). */
+static inline void rs_isock_set_stats_io(struct rs_isock *s, size_t bytes, bool sent)
+{
+    rs_stats_add_io(s->stats_slot, s->type == SOCK_DGRAM ? RS_STATS_PROTO_UDP : RS_STATS_PROTO_TCP, bytes, sent);
+}
 
 /* Converts a v4-mapped IPv6 address to IPv4 (for the RNIC), and an IPv4 address to the application's family. */
 socklen_t rs_addr_unmap(const struct sockaddr *in, socklen_t len, struct sockaddr_storage *out);

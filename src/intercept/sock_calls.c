@@ -106,13 +106,13 @@ RS_EXPORT int connect(int fd, const struct sockaddr *addr, socklen_t len)
 /* The SDP side of s with a reference, or NULL when the socket is not on an SDP path in this process. */
 static struct rs_sdp_sock *sdp_of(struct rs_isock *s)
 {
-    pthread_mutex_lock(&s->lock);
+    rs_lock(&s->lock);
     struct rs_sdp_sock *sdp = NULL;
     if (s->sdp && s->owner == rs_self_pid() && (s->path == RS_IPATH_SDP || s->path == RS_IPATH_LISTEN)) {
         sdp = s->sdp;
         rs_sdp_hold(sdp);
     }
-    pthread_mutex_unlock(&s->lock);
+    rs_unlock(&s->lock);
     return sdp;
 }
 
@@ -252,12 +252,12 @@ RS_EXPORT int dup2(int oldfd, int newfd)
 
 static void set_nonblock(struct rs_isock *s, bool on)
 {
-    pthread_mutex_lock(&s->lock);
+    rs_lock(&s->lock);
     if (s->sdp && s->owner == rs_self_pid() && s->path == RS_IPATH_SDP)
         rs_sdp_set_nonblock(s->sdp, on);
     if (s->dg)
         rs_dgram_set_nonblock(s->dg, on);
-    pthread_mutex_unlock(&s->lock);
+    rs_unlock(&s->lock);
 }
 
 static int fcntl_common(int (*real)(int, int, ...), int fd, int cmd, long arg)
@@ -359,10 +359,10 @@ RS_EXPORT int getsockopt(int fd, int level, int name, void *val, socklen_t *len)
 again:;
     enum rs_isock_path path = rs_isock_path_now(s);
     if (level == SOL_SOCKET && name == SO_ERROR && s->pending_error && val && len && *len >= sizeof(int)) {
-        pthread_mutex_lock(&s->lock);
+        rs_lock(&s->lock);
         *(int *)val = s->pending_error;
         s->pending_error = 0;
-        pthread_mutex_unlock(&s->lock);
+        rs_unlock(&s->lock);
         *len = sizeof(int);
         r = 0;
     } else if (path == RS_IPATH_DGRAM) {

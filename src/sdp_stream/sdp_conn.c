@@ -248,15 +248,15 @@ int rs_sdp_bind(struct rs_sdp_sock *s, const struct sockaddr *addr, socklen_t le
         return -EAFNOSUPPORT;
     if (addr->sa_family == AF_INET6 && len < (socklen_t)sizeof(struct sockaddr_in6))
         return -EINVAL;
-    pthread_mutex_lock(&s->lock);
+    rs_lock(&s->lock);
     if (s->state != SDP_ST_IDLE || s->bound) {
-        pthread_mutex_unlock(&s->lock);
+        rs_unlock(&s->lock);
         return -EINVAL;
     }
     memset(&s->local, 0, sizeof(s->local));
     memcpy(&s->local, addr, len);
     s->bound = true;
-    pthread_mutex_unlock(&s->lock);
+    rs_unlock(&s->lock);
     return 0;
 }
 
@@ -265,14 +265,14 @@ int rs_sdp_listen(struct rs_sdp_sock *s, int backlog)
     int r = rs_sdp_check_epoch(s);
     if (r != 0)
         return r;
-    pthread_mutex_lock(&s->lock);
+    rs_lock(&s->lock);
     if (s->state == SDP_ST_LISTEN) {
         s->backlog = backlog > 0 ? backlog : 1;     /* a second listen() only changes the backlog */
-        pthread_mutex_unlock(&s->lock);
+        rs_unlock(&s->lock);
         return 0;
     }
     if (s->state != SDP_ST_IDLE) {
-        pthread_mutex_unlock(&s->lock);
+        rs_unlock(&s->lock);
         return -EINVAL;
     }
     if (!s->bound) {
@@ -316,7 +316,7 @@ int rs_sdp_listen(struct rs_sdp_sock *s, int backlog)
             rs_rnic_cm_destroy(s->cm);
             s->cm = NULL;
         }
-        pthread_mutex_unlock(&s->lock);
+        rs_unlock(&s->lock);
         return r;
     }
     rs_sdp_intake_start(s);
@@ -324,7 +324,7 @@ int rs_sdp_listen(struct rs_sdp_sock *s, int backlog)
     s->backlog = backlog > 0 ? backlog : 1;
     s->state = SDP_ST_LISTEN;
     r = rs_sdp_progress_attach(s);
-    pthread_mutex_unlock(&s->lock);
+    rs_unlock(&s->lock);
     return r;
 }
 
@@ -404,10 +404,10 @@ static void accept_request(struct rs_sdp_sock *l, struct rs_rnic_cm_event *ev)
     if (r != 0) {
         RS_DEBUG("sdp: accept failed: %d", r);
         l->children--;
-        pthread_mutex_lock(&c->lock);
+        rs_lock(&c->lock);
         c->app_closed = true;
         rs_sdp_fail(c, ECONNABORTED, false);
-        pthread_mutex_unlock(&c->lock);
+        rs_unlock(&c->lock);
         rs_sdp_put(c);      /* the listener's ownership; the watchers' reference frees it */
     }
 }
@@ -602,7 +602,7 @@ int rs_sdp_dispatch_enable(struct rs_sdp_sock *s, bool force)
     int r = rs_sdp_check_epoch(s);
     if (r != 0)
         return r;
-    pthread_mutex_lock(&s->lock);
+    rs_lock(&s->lock);
     if (s->state != SDP_ST_LISTEN || s->app_closed || !s->dev)
         r = -EINVAL;
     else if (s->fam)
@@ -620,7 +620,7 @@ int rs_sdp_dispatch_enable(struct rs_sdp_sock *s, bool force)
             RS_DEBUG("sdp: listener on port %u dispatches for its family", addr_port(&s->local));
         }
     }
-    pthread_mutex_unlock(&s->lock);
+    rs_unlock(&s->lock);
     return r;
 }
 
@@ -628,9 +628,9 @@ bool rs_sdp_dispatching(struct rs_sdp_sock *s)
 {
     if (rs_sdp_check_epoch(s) != 0)
         return false;
-    pthread_mutex_lock(&s->lock);
+    rs_lock(&s->lock);
     bool on = s->fam && s->fam_holder && s->state == SDP_ST_LISTEN && !s->app_closed;
-    pthread_mutex_unlock(&s->lock);
+    rs_unlock(&s->lock);
     return on;
 }
 
@@ -638,12 +638,12 @@ void rs_sdp_note_busy(struct rs_sdp_sock *s)
 {
     if (rs_sdp_check_epoch(s) != 0)
         return;
-    pthread_mutex_lock(&s->lock);
+    rs_lock(&s->lock);
     if (s->fam)
         rs_sdp_family_set_state(s->fam, s->fam_slot, RS_SDP_MEMBER_BUSY, rs_sdp_now_ms());
     s->intake_want = false;     /* it took a kernel client: no RDMA one until it asks again */
     rs_sdp_intake_update(s);
-    pthread_mutex_unlock(&s->lock);
+    rs_unlock(&s->lock);
 }
 
 /* Child lock held: the connection is established, hand it to the listener's accept queue. Lock order child →
@@ -651,7 +651,7 @@ void rs_sdp_note_busy(struct rs_sdp_sock *s)
 static void child_established(struct rs_sdp_sock *c)
 {
     struct rs_sdp_sock *l = c->parent;
-    pthread_mutex_lock(&l->lock);
+    rs_lock(&l->lock);
     if (l->state == SDP_ST_LISTEN && !l->app_closed) {
         c->q_next = NULL;
         if (l->acceptq_tail)
@@ -661,13 +661,13 @@ static void child_established(struct rs_sdp_sock *c)
         l->acceptq_tail = c;
         l->dirty = true;
         rs_sdp_signal(l);
-        pthread_mutex_unlock(&l->lock);
+        rs_unlock(&l->lock);
         return;
     }
     if (l->children > 0)
         l->children--;
     rs_sdp_intake_update(l);
-    pthread_mutex_unlock(&l->lock);
+    rs_unlock(&l->lock);
     /* The listener went away while this connection was being set up: nobody will accept it. */
     c->app_closed = true;
     rs_sdp_fail(c, ECONNABORTED, true);
@@ -678,11 +678,11 @@ static void child_established(struct rs_sdp_sock *c)
 static void child_failed_early(struct rs_sdp_sock *c)
 {
     struct rs_sdp_sock *l = c->parent;
-    pthread_mutex_lock(&l->lock);
+    rs_lock(&l->lock);
     if (l->children > 0)
         l->children--;
     rs_sdp_intake_update(l);
-    pthread_mutex_unlock(&l->lock);
+    rs_unlock(&l->lock);
     c->app_closed = true;
     rs_sdp_put(c);      /* the listener's ownership; the watchers still hold one until teardown */
 }
@@ -695,7 +695,7 @@ int rs_sdp_accept(struct rs_sdp_sock *s, unsigned flags, struct rs_sdp_sock **ou
         return r;
     *out = NULL;
     rs_sdp_get(s);
-    pthread_mutex_lock(&s->lock);
+    rs_lock(&s->lock);
     uint64_t deadline = s->rcvtimeo_ms > 0 ? rs_sdp_now_ms() + (uint64_t)s->rcvtimeo_ms : 0;
     struct rs_sdp_sock *c = NULL;
     for (;;) {
@@ -741,11 +741,11 @@ int rs_sdp_accept(struct rs_sdp_sock *s, unsigned flags, struct rs_sdp_sock **ou
             break;
     }
     rs_sdp_signal(s);
-    pthread_mutex_unlock(&s->lock);
+    rs_unlock(&s->lock);
     rs_sdp_put(s);
     if (r != 0)
         return r;
-    pthread_mutex_lock(&c->lock);
+    rs_lock(&c->lock);
     struct rs_sdp_sock *parent = c->parent;
     c->parent = NULL;
     c->q_next = NULL;
@@ -755,7 +755,7 @@ int rs_sdp_accept(struct rs_sdp_sock *s, unsigned flags, struct rs_sdp_sock **ou
         memcpy(peer, &c->peer, n < *peer_len ? n : *peer_len);
         *peer_len = n;
     }
-    pthread_mutex_unlock(&c->lock);
+    rs_unlock(&c->lock);
     if (parent)
         rs_sdp_put(parent);
     *out = c;
@@ -774,7 +774,7 @@ int rs_sdp_connect(struct rs_sdp_sock *s, const struct sockaddr *dst, socklen_t 
     if (dst->sa_family != AF_INET && dst->sa_family != AF_INET6)
         return -EAFNOSUPPORT;
     rs_sdp_get(s);
-    pthread_mutex_lock(&s->lock);
+    rs_lock(&s->lock);
     switch (s->state) {
     case SDP_ST_IDLE:
         break;
@@ -849,7 +849,7 @@ wait_or_out:
     }
 out:
     rs_sdp_signal(s);
-    pthread_mutex_unlock(&s->lock);
+    rs_unlock(&s->lock);
     rs_sdp_put(s);
     return r;
 }
@@ -1195,7 +1195,10 @@ int rs_sdp_progress_fast(struct rs_sdp_sock *s)
         rs_sdp_tx_push(s, false);
     else
         s->tx_stalled = false;
-    rs_sdp_credit_update_check(s);
+    /* With data queued the caller copies it out and checks the credits after (sdp_fast.c moved()), with the
+     * emptied buffers counted: once is enough. */
+    if (s->rxq_count == 0)
+        rs_sdp_credit_update_check(s);
     s->dirty = false;
     if (rs_sdp_steady_listened(s))
         rs_sdp_signal(s);
@@ -1287,7 +1290,7 @@ static void lazy_tick_backoff(struct rs_sdp_sock *s, bool app_present)
 
 uint64_t rs_sdp_on_cq(struct rs_sdp_sock *s)
 {
-    pthread_mutex_lock(&s->lock);
+    rs_lock(&s->lock);
     if (s->cq)
         rs_rnic_cq_ack_events(s->cq);
     bool found = progress_step(s, false, false);
@@ -1317,16 +1320,16 @@ uint64_t rs_sdp_on_cq(struct rs_sdp_sock *s)
         }
     }
     uint64_t next = rs_sdp_timers(s, rs_sdp_now_ms());
-    pthread_mutex_unlock(&s->lock);
+    rs_unlock(&s->lock);
     return next;
 }
 
 uint64_t rs_sdp_on_cm(struct rs_sdp_sock *s)
 {
-    pthread_mutex_lock(&s->lock);
+    rs_lock(&s->lock);
     progress_step(s, true, false);
     uint64_t next = rs_sdp_timers(s, rs_sdp_now_ms());
-    pthread_mutex_unlock(&s->lock);
+    rs_unlock(&s->lock);
     return next;
 }
 
@@ -1336,13 +1339,13 @@ uint64_t rs_sdp_on_timer(struct rs_sdp_sock *s)
      * protocol and the timers itself (rs_sdp_progress). Waiting for its lock would only make it wait for ours
      * next; look again at the next tick (set_timer keeps the tick while cq_lazy, written on this thread only). */
     if (s->cq_lazy) {
-        if (pthread_mutex_trylock(&s->lock) != 0) {
+        if (!rs_trylock(&s->lock)) {
             s->app_absent_ticks = 0;        /* loop thread only, like cq_lazy */
             lazy_tick_backoff(s, true);
             return 0;
         }
     } else {
-        pthread_mutex_lock(&s->lock);
+        rs_lock(&s->lock);
     }
     progress_step(s, true, false);
     /* Taking the duty back: the loop watches the fd again and looks at once (rs_sdp_on_cq arms). */
@@ -1360,7 +1363,7 @@ uint64_t rs_sdp_on_timer(struct rs_sdp_sock *s)
         s->dirty = false;
         rs_sdp_signal(s);
     }
-    pthread_mutex_unlock(&s->lock);
+    rs_unlock(&s->lock);
     return next;
 }
 
@@ -1426,9 +1429,9 @@ int rs_sdp_shutdown(struct rs_sdp_sock *s, int how)
         return r;
     if (how != SHUT_RD && how != SHUT_WR && how != SHUT_RDWR)
         return -EINVAL;
-    pthread_mutex_lock(&s->lock);
+    rs_lock(&s->lock);
     if (rs_sdp_hb_settle(s) != 0) {
-        pthread_mutex_unlock(&s->lock);
+        rs_unlock(&s->lock);
         return -EREMCHG;
     }
     rs_sdp_progress(s);
@@ -1456,7 +1459,7 @@ int rs_sdp_shutdown(struct rs_sdp_sock *s, int how)
         s->dirty = false;
         rs_sdp_signal(s);
     }
-    pthread_mutex_unlock(&s->lock);
+    rs_unlock(&s->lock);
     return r;
 }
 
@@ -1474,20 +1477,20 @@ static void close_listener(struct rs_sdp_sock *s)
     struct rs_sdp_sock *q = s->acceptq_head;
     s->acceptq_head = s->acceptq_tail = NULL;
     s->children = 0;
-    pthread_mutex_unlock(&s->lock);
+    rs_unlock(&s->lock);
     /* Connections nobody accepted are reset, as the kernel does for a closed listener's queue. */
     while (q) {
         struct rs_sdp_sock *c = q;
         q = c->q_next;
-        pthread_mutex_lock(&c->lock);
+        rs_lock(&c->lock);
         c->q_next = NULL;
         c->app_closed = true;
         rs_sdp_fail(c, ECONNRESET, true);
         rs_sdp_maybe_finish(c);
-        pthread_mutex_unlock(&c->lock);
+        rs_unlock(&c->lock);
         rs_sdp_put(c);      /* the listener's ownership */
     }
-    pthread_mutex_lock(&s->lock);
+    rs_lock(&s->lock);
 }
 
 /* Closes a connected socket as the kernel closes a TCP one: a reset when unread data would be lost (or
@@ -1516,7 +1519,7 @@ void rs_sdp_exit_close(struct rs_sdp_sock *s)
 {
     if (rs_sdp_check_epoch(s) != 0)
         return;
-    pthread_mutex_lock(&s->lock);
+    rs_lock(&s->lock);
     /* A child still in a listener's accept queue was never the application's: the kernel resets those. */
     if (!s->app_closed && !s->orphan_counted && !s->parent && s->state == SDP_ST_CONNECTED) {
         rs_sdp_progress(s);
@@ -1532,16 +1535,16 @@ void rs_sdp_exit_close(struct rs_sdp_sock *s)
         s->dirty = false;
         rs_sdp_signal(s);
     }
-    pthread_mutex_unlock(&s->lock);
+    rs_unlock(&s->lock);
 }
 
 int rs_sdp_close_parked(struct rs_sdp_sock *s)
 {
     if (rs_sdp_check_epoch(s) != 0)
         return 0;
-    pthread_mutex_lock(&s->lock);
+    rs_lock(&s->lock);
     s->park_listener = s->state == SDP_ST_LISTEN;
-    pthread_mutex_unlock(&s->lock);
+    rs_unlock(&s->lock);
     return rs_sdp_close(s);
 }
 
@@ -1549,9 +1552,9 @@ int rs_sdp_close(struct rs_sdp_sock *s)
 {
     if (rs_sdp_check_epoch(s) != 0)
         return 0;   /* inherited across fork: the parent still owns the connection; nothing to do here */
-    pthread_mutex_lock(&s->lock);
+    rs_lock(&s->lock);
     if (s->app_closed) {
-        pthread_mutex_unlock(&s->lock);
+        rs_unlock(&s->lock);
         return -EBADF;
     }
     int r = 0;
@@ -1619,7 +1622,7 @@ int rs_sdp_close(struct rs_sdp_sock *s)
         rs_sdp_progress_retime(s, rs_sdp_timers(s, rs_sdp_now_ms()));
     rs_sdp_signal(s);       /* blocked callers see app_closed and return -EBADF */
     s->dirty = false;
-    pthread_mutex_unlock(&s->lock);
+    rs_unlock(&s->lock);
     rs_sdp_put(s);
     return r;
 }
@@ -1733,13 +1736,13 @@ int rs_sdp_getsockname(struct rs_sdp_sock *s, struct sockaddr *addr, socklen_t *
     int r = rs_sdp_check_epoch(s);
     if (r != 0)
         return r;
-    pthread_mutex_lock(&s->lock);
+    rs_lock(&s->lock);
     struct sockaddr_storage a = s->local;
     if (!s->bound) {
         memset(&a, 0, sizeof(a));
         a.ss_family = (sa_family_t)s->family;
     }
-    pthread_mutex_unlock(&s->lock);
+    rs_unlock(&s->lock);
     socklen_t n = addr_len(&a);
     memcpy(addr, &a, n < *len ? n : *len);
     *len = n;
@@ -1751,10 +1754,10 @@ int rs_sdp_getpeername(struct rs_sdp_sock *s, struct sockaddr *addr, socklen_t *
     int r = rs_sdp_check_epoch(s);
     if (r != 0)
         return r;
-    pthread_mutex_lock(&s->lock);
+    rs_lock(&s->lock);
     bool ok = s->peer_valid && (s->state == SDP_ST_CONNECTED || (s->state == SDP_ST_CLOSED && !s->broken));
     struct sockaddr_storage a = s->peer;
-    pthread_mutex_unlock(&s->lock);
+    rs_unlock(&s->lock);
     if (!ok)
         return -ENOTCONN;
     socklen_t n = addr_len(&a);

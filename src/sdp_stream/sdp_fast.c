@@ -20,14 +20,6 @@
 
 #include "sdp_stream/sdp_int.h"
 
-bool rs_sdp_steady(const struct rs_sdp_sock *s)
-{
-    return s->state == SDP_ST_CONNECTED && s->hb.phase == SDP_HB_NONE && !s->broken && !s->cm_gone && !s->so_error &&
-           !s->app_closed && !s->rx_eof && !s->rd_shut && !s->wr_shut && !s->psrc.active && !s->sink.active &&
-           !s->zsrc.active && !s->rsrc.active && !s->psink.active && !s->owed_rd_compl && !s->owed_send_sm &&
-           !s->owed_sink_cancel_acks;
-}
-
 /* Copies queued Data bytes into buf (lock held; the head is Data). Returns the bytes copied. */
 static size_t copy_queued(struct rs_sdp_sock *s, uint8_t *buf, size_t len)
 {
@@ -59,7 +51,7 @@ static bool moved(struct rs_sdp_sock *s, size_t n, ssize_t *result, bool receive
     } else {
         s->dirty = false;
     }
-    pthread_mutex_unlock(&s->lock);
+    rs_unlock(&s->lock);
     *result = (ssize_t)n;
     return true;
 }
@@ -70,7 +62,7 @@ bool rs_sdp_recv_fast(struct rs_sdp_sock *s, void *buf, size_t len, int flags, s
     if ((flags & ~(MSG_DONTWAIT | MSG_NOSIGNAL)) || len == 0 || len > RS_SDP_SHORT_RECV_MAX ||
         s->epoch != rs_sdp_epoch)
         return false;
-    pthread_mutex_lock(&s->lock);
+    rs_lock(&s->lock);
     if (!rs_sdp_steady(s) || s->rx_busy || s->rcvlowat > 1)
         goto slow;
     if (s->rxq_count == 0) {
@@ -87,7 +79,7 @@ bool rs_sdp_recv_fast(struct rs_sdp_sock *s, void *buf, size_t len, int flags, s
                 s->dirty = false;
                 rs_sdp_signal(s);
             }
-            pthread_mutex_unlock(&s->lock);
+            rs_unlock(&s->lock);
             *result = -EAGAIN;
             return true;
         }
@@ -97,7 +89,7 @@ bool rs_sdp_recv_fast(struct rs_sdp_sock *s, void *buf, size_t len, int flags, s
         goto slow;              /* a SrcAvail at the head */
     return moved(s, n, result, true);
 slow:
-    pthread_mutex_unlock(&s->lock);
+    rs_unlock(&s->lock);
     return false;
 }
 
@@ -106,7 +98,7 @@ bool rs_sdp_send_fast(struct rs_sdp_sock *s, const void *buf, size_t len, int fl
     if ((flags & ~(MSG_DONTWAIT | MSG_NOSIGNAL)) || len == 0 || len > RS_SDP_SHORT_SEND_MAX ||
         s->epoch != rs_sdp_epoch)
         return false;
-    pthread_mutex_lock(&s->lock);
+    rs_lock(&s->lock);
     /* Nothing queued before it (it would go first), Nagle not holding it back, credit and a send slot: the
      * general path would post it at once as well, from the ring. */
     if (!rs_sdp_steady(s) || s->tx_busy || s->tx_tail != s->tx_posted || s->cork ||
@@ -131,6 +123,6 @@ bool rs_sdp_send_fast(struct rs_sdp_sock *s, const void *buf, size_t len, int fl
     }
     return moved(s, len, result, false);
 slow:
-    pthread_mutex_unlock(&s->lock);
+    rs_unlock(&s->lock);
     return false;
 }

@@ -367,7 +367,7 @@ static void *responder_main(void *arg)
     uint8_t hdr[RS_SDP_HB_HDR_LEN];
     uint8_t *peer_residue = NULL;
     uint64_t deadline = rs_sdp_now_ms() + SDP_HB_RESPONDER_TIMEOUT_MS;
-    pthread_mutex_lock(&s->lock);
+    rs_lock(&s->lock);
     int r = wait_until(s, quiet, deadline);
     /* No more data from us from here (what is unsent becomes the tail); nothing more arrives from the peer (it
      * sent SuspComm after its last byte): the state to capture is fixed. */
@@ -382,7 +382,7 @@ static void *responder_main(void *arg)
     uint64_t token = s->hb.service_id >> 16;
     uint16_t port = (uint16_t)s->hb.service_id;
     struct sockaddr_storage peer = s->peer;
-    pthread_mutex_unlock(&s->lock);
+    rs_unlock(&s->lock);
 
     if (r == 0)
         fd = r = connect_tcp(&peer, port, deadline);
@@ -400,7 +400,7 @@ static void *responder_main(void *arg)
     free(peer_residue);
     free(t.data);
 
-    pthread_mutex_lock(&s->lock);
+    rs_lock(&s->lock);
     if (r >= 0) {
         set_blocking(fd);
         finish(s, fd, false);
@@ -408,7 +408,7 @@ static void *responder_main(void *arg)
         hb_close(fd);
         hb_failed(s, r);
     }
-    pthread_mutex_unlock(&s->lock);
+    rs_unlock(&s->lock);
     rs_sdp_put(s);
     return NULL;
 }
@@ -485,7 +485,7 @@ int rs_sdp_handback(struct rs_sdp_sock *s, int timeout_ms)
         return -EDEADLK;
     uint64_t deadline = rs_sdp_now_ms() + (uint64_t)(timeout_ms > 0 ? timeout_ms : 1);
     rs_sdp_get(s);
-    pthread_mutex_lock(&s->lock);
+    rs_lock(&s->lock);
     rs_sdp_progress(s);
     int lfd = -1;
     struct hb_tail t = { 0 };
@@ -504,13 +504,13 @@ int rs_sdp_handback(struct rs_sdp_sock *s, int timeout_ms)
     s->dirty = true;
     rs_sdp_signal(s);           /* blocked calls see the gate; zero-copy waits end their advertisements */
     uint16_t port = 0;
-    pthread_mutex_unlock(&s->lock);
+    rs_unlock(&s->lock);
     lfd = listen_tcp(&s->local, &port);
     uint64_t token = 0;
     if (getrandom(&token, sizeof(token), 0) != (ssize_t)sizeof(token))
         token = rs_sdp_now_us() ^ ((uint64_t)(uintptr_t)s << 16);
     token &= 0xffffffffffffull;
-    pthread_mutex_lock(&s->lock);
+    rs_lock(&s->lock);
     if (lfd < 0) {
         r = lfd;
         goto failed;
@@ -532,7 +532,7 @@ int rs_sdp_handback(struct rs_sdp_sock *s, int timeout_ms)
         r = capture(s, &t);
     if (r != 0)
         goto failed;
-    pthread_mutex_unlock(&s->lock);
+    rs_unlock(&s->lock);
 
     uint64_t peer_len = 0;
     uint8_t *peer_residue = NULL;
@@ -548,7 +548,7 @@ int rs_sdp_handback(struct rs_sdp_sock *s, int timeout_ms)
     free(t.data);
     hb_close(lfd);
     lfd = -1;
-    pthread_mutex_lock(&s->lock);
+    rs_lock(&s->lock);
     if (r < 0) {
         hb_close(fd);
         goto failed;
@@ -579,7 +579,7 @@ failed:
 out:
     if (lfd >= 0)
         hb_close(lfd);
-    pthread_mutex_unlock(&s->lock);
+    rs_unlock(&s->lock);
     rs_sdp_put(s);
     return r;
 }
@@ -615,9 +615,9 @@ bool rs_sdp_handed_back(struct rs_sdp_sock *s)
 {
     if (rs_sdp_check_epoch(s) != 0)
         return false;
-    pthread_mutex_lock(&s->lock);
+    rs_lock(&s->lock);
     bool done = s->hb.phase == SDP_HB_DONE;
-    pthread_mutex_unlock(&s->lock);
+    rs_unlock(&s->lock);
     return done;
 }
 
@@ -626,7 +626,7 @@ int rs_sdp_take_handback_fd(struct rs_sdp_sock *s)
     int r = rs_sdp_check_epoch(s);
     if (r != 0)
         return r;
-    pthread_mutex_lock(&s->lock);
+    rs_lock(&s->lock);
     if (s->hb.phase == SDP_HB_DONE && s->hb.fd >= 0) {
         r = s->hb.fd;
         s->hb.fd = -1;
@@ -634,6 +634,6 @@ int rs_sdp_take_handback_fd(struct rs_sdp_sock *s)
     } else {
         r = s->hb.phase == SDP_HB_QUIESCE || s->hb.phase == SDP_HB_SUSPENDED ? -EAGAIN : -ENOENT;
     }
-    pthread_mutex_unlock(&s->lock);
+    rs_unlock(&s->lock);
     return r;
 }

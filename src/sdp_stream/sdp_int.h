@@ -19,6 +19,7 @@
 #include <sys/types.h>
 
 #include "rnic/rnic.h"
+#include "common/lock.h"
 #include "sdp_stream/sdp.h"
 #include "sdp_stream/sdp_wire.h"
 
@@ -155,13 +156,27 @@ struct sdp_dev {
 };
 
 struct rs_sdp_sock {
-    pthread_mutex_t lock;
+    struct rs_lock lock;            /* common/lock.h: taken on every data call */
     atomic_int refs;
     unsigned epoch;                 /* fork generation the socket belongs to */
     int family;
     int kind_wanted;
     enum sdp_state state;
-    bool app_closed;                /* rs_sdp_close was called */
+    /* The flags that end the steady state (rs_sdp_steady), side by side so that one load tests them all: the short
+     * path asks on every call, and under TCG each branch it takes is a block of its own. */
+    union {
+        struct {
+            bool app_closed;        /* rs_sdp_close was called */
+            bool rx_eof;            /* peer sent DisConn (or the connection is gone): reads end */
+            bool rd_shut;           /* SHUT_RD */
+            bool wr_shut;           /* SHUT_WR asked: DisConn follows the pending data */
+            bool broken;            /* reset / aborted / failed: nothing is sent any more */
+            bool cm_gone;           /* DISCONNECTED or ERROR seen: the QP is in ERROR */
+            bool owed_send_sm;      /* a SendSm must still go out (zero copy) */
+            bool unsteady_spare_;
+        };
+        uint64_t unsteady_flags;
+    };
     bool park_listener;             /* rs_sdp_close_parked: park the RNIC listener rather than close it */
     bool nonblock;
     bool bound;
@@ -204,16 +219,11 @@ struct rs_sdp_sock {
 
     /* errors and shutdown */
     int so_error;                   /* positive errno pending for the application */
-    bool rx_eof;                    /* peer sent DisConn (or the connection is gone): reads end */
-    bool rd_shut;                   /* SHUT_RD */
-    bool wr_shut;                   /* SHUT_WR asked: DisConn follows the pending data */
     bool disconn_sent;
     bool disconn_rcvd;
     bool ack_owed;                  /* the peer's DisConn must be acknowledged (its SO_LINGER waits for that) */
     uint32_t disconn_mseq;
-    bool broken;                    /* reset / aborted / failed: nothing is sent any more */
     bool rnic_disconnect_done;      /* rs_rnic_disconnect called */
-    bool cm_gone;                   /* DISCONNECTED or ERROR seen: the QP is in ERROR */
     bool teardown_queued;
     bool orphan_counted;            /* counted in the progress module's orphans (exit flush) */
     bool dirty;                     /* something the application may see changed: signal at the end */
@@ -337,7 +347,6 @@ struct rs_sdp_sock {
     bool zwrite_failed;
     uint32_t owed_sink_cancel_acks; /* SinkCancelAck we must still send */
     uint32_t owed_rd_compl;         /* bytes read from the peer's SrcAvail not yet acknowledged by RdmaRdCompl */
-    bool owed_send_sm;
     struct {                        /* the peer's SrcAvail we consume (we receive) */
         bool active;
         bool cancel_pending;        /* SrcAvailCancel arrived while a READ was in flight */
@@ -403,7 +412,18 @@ struct rs_sdp_sock {
 /* ---- sdp_fast.c ---- */
 /* A connected socket in steady state, where the short path applies: no close, shutdown, error, hand-back or
  * zero-copy exchange under way. Lock held. */
-bool rs_sdp_steady(const struct rs_sdp_sock *s);
+_Static_assert(sizeof(((struct rs_sdp_sock *)0)->unsteady_flags) == 8 * sizeof(bool),
+               "the steady-state flags fill unsteady_flags");
+
+static inline bool rs_sdp_steady(const struct rs_sdp_sock *s)
+{
+    /* ORed rather than tested one by one: the answer is nearly always yes, and a chain of branches is a chain of
+     * blocks under TCG. */
+    return s->state == SDP_ST_CONNECTED && s->hb.phase == SDP_HB_NONE &&
+           !(s->unsteady_flags | (uint32_t)s->so_error | s->owed_rd_compl | s->owed_sink_cancel_acks |
+             (unsigned)(s->psrc.active | s->sink.active | s->zsrc.active | s->rsrc.active | s->psink.active));
+}
+
 /* In the steady state: whether a signal has anybody to tell (rs_sdp_signal returns at once otherwise), and whether
  * a timer may be due or need moving (timers_quiet in sdp_conn.c says no otherwise). Lock held. */
 static inline bool rs_sdp_steady_listened(const struct rs_sdp_sock *s)

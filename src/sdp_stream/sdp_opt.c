@@ -74,9 +74,9 @@ int rs_sdp_setsockopt(struct rs_sdp_sock *s, int level, int name, const void *va
     if (r != 0)
         return r;
     int v = 0;
-    pthread_mutex_lock(&s->lock);
+    rs_lock(&s->lock);
     if (rs_sdp_hb_settle(s) != 0) {
-        pthread_mutex_unlock(&s->lock);
+        rs_unlock(&s->lock);
         return -EREMCHG;     /* the kernel socket takes options now */
     }
     r = 0;
@@ -216,7 +216,7 @@ int rs_sdp_setsockopt(struct rs_sdp_sock *s, int level, int name, const void *va
         s->dirty = false;
         rs_sdp_signal(s);
     }
-    pthread_mutex_unlock(&s->lock);
+    rs_unlock(&s->lock);
     return r;
 }
 
@@ -296,7 +296,7 @@ int rs_sdp_getsockopt(struct rs_sdp_sock *s, int level, int name, void *val, soc
         return r;
     if (!val || !len)
         return -EFAULT;
-    pthread_mutex_lock(&s->lock);
+    rs_lock(&s->lock);
     rs_sdp_progress(s);
     r = -ENOPROTOOPT;
     if (level == SOL_SOCKET) {
@@ -426,7 +426,7 @@ int rs_sdp_getsockopt(struct rs_sdp_sock *s, int level, int name, void *val, soc
         s->dirty = false;
         rs_sdp_signal(s);
     }
-    pthread_mutex_unlock(&s->lock);
+    rs_unlock(&s->lock);
     return r;
 }
 
@@ -435,17 +435,17 @@ int rs_sdp_set_nonblock(struct rs_sdp_sock *s, bool nonblock)
     int r = rs_sdp_check_epoch(s);
     if (r != 0)
         return r;
-    pthread_mutex_lock(&s->lock);
+    rs_lock(&s->lock);
     s->nonblock = nonblock;
-    pthread_mutex_unlock(&s->lock);
+    rs_unlock(&s->lock);
     return 0;
 }
 
 bool rs_sdp_get_nonblock(struct rs_sdp_sock *s)
 {
-    pthread_mutex_lock(&s->lock);
+    rs_lock(&s->lock);
     bool v = s->nonblock;
-    pthread_mutex_unlock(&s->lock);
+    rs_unlock(&s->lock);
     return v;
 }
 
@@ -454,9 +454,9 @@ int rs_sdp_recv_errqueue(struct rs_sdp_sock *s, struct sock_extended_err *ee)
     int r = rs_sdp_check_epoch(s);
     if (r != 0)
         return r;
-    pthread_mutex_lock(&s->lock);
+    rs_lock(&s->lock);
     if (!s->zc_pending) {
-        pthread_mutex_unlock(&s->lock);
+        rs_unlock(&s->lock);
         return -EAGAIN;
     }
     memset(ee, 0, sizeof(*ee));
@@ -467,6 +467,6 @@ int rs_sdp_recv_errqueue(struct rs_sdp_sock *s, struct sock_extended_err *ee)
     ee->ee_data = s->zc_hi;
     s->zc_pending = false;
     rs_sdp_signal(s);
-    pthread_mutex_unlock(&s->lock);
+    rs_unlock(&s->lock);
     return 0;
 }

@@ -202,9 +202,9 @@ static void do_retime(struct rs_sdp_sock *s)
     if (!pw)
         return;
     atomic_store(&pw->retime_queued, false);
-    pthread_mutex_lock(&s->lock);
+    rs_lock(&s->lock);
     uint64_t next = rs_sdp_timers(s, rs_sdp_now_ms());
-    pthread_mutex_unlock(&s->lock);
+    rs_unlock(&s->lock);
     set_timer(pw, next);
 }
 

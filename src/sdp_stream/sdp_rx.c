@@ -333,7 +333,7 @@ static ssize_t copy_out(struct rs_sdp_sock *s, const struct iovec *iov, int iovc
             /* A large copy lets the progress thread and senders in meanwhile (rx_busy keeps other readers out). */
             bool unlocked = n > SDP_COPY_LOCKED_MAX;
             if (unlocked)
-                pthread_mutex_unlock(&s->lock);
+                rs_unlock(&s->lock);
             while (left > 0) {
                 size_t plen;
                 uint8_t *dst = dest_piece(iov, iovcnt, vi, vo, &plen);
@@ -346,7 +346,7 @@ static ssize_t copy_out(struct rs_sdp_sock *s, const struct iovec *iov, int iovc
                 *vo += c;
             }
             if (unlocked)
-                pthread_mutex_lock(&s->lock);
+                rs_lock(&s->lock);
             n = copied;
         }
         done += n;
@@ -376,7 +376,7 @@ ssize_t rs_sdp_recvmsg(struct rs_sdp_sock *s, const struct iovec *iov, int iovcn
     if (flags & (MSG_OOB | MSG_ERRQUEUE))
         return flags & MSG_ERRQUEUE ? -EAGAIN : -EINVAL;
     size_t total = iov_total(iov, iovcnt);
-    pthread_mutex_lock(&s->lock);
+    rs_lock(&s->lock);
     bool dontwait = s->nonblock || (flags & MSG_DONTWAIT);
     uint64_t deadline = !dontwait && s->rcvtimeo_ms > 0 ? rs_sdp_now_ms() + (uint64_t)s->rcvtimeo_ms : 0;
     size_t target = 1;
@@ -554,7 +554,7 @@ ssize_t rs_sdp_recvmsg(struct rs_sdp_sock *s, const struct iovec *iov, int iovcn
         s->dirty = true;
         rs_sdp_call_done(s);
     }
-    pthread_mutex_unlock(&s->lock);
+    rs_unlock(&s->lock);
     return result;
 }
 
@@ -569,13 +569,13 @@ int rs_sdp_inq(struct rs_sdp_sock *s)
     int r = rs_sdp_check_epoch(s);
     if (r != 0)
         return r;
-    pthread_mutex_lock(&s->lock);
+    rs_lock(&s->lock);
     if (rs_sdp_hb_settle(s) != 0) {
-        pthread_mutex_unlock(&s->lock);
+        rs_unlock(&s->lock);
         return -EREMCHG;
     }
     rs_sdp_progress(s);
     uint64_t q = s->rx_bytes_queued;
-    pthread_mutex_unlock(&s->lock);
+    rs_unlock(&s->lock);
     return q > INT32_MAX ? INT32_MAX : (int)q;
 }

@@ -134,10 +134,7 @@ struct rs_sdp_sock *rs_sdp_sock_alloc(int family, int kind)
         free(s);
         return NULL;
     }
-    pthread_mutexattr_t attr;
-    pthread_mutexattr_init(&attr);
-    pthread_mutex_init(&s->lock, &attr);
-    pthread_mutexattr_destroy(&attr);
+    rs_lock_init(&s->lock);
     atomic_init(&s->refs, 1);
     s->epoch = rs_sdp_epoch;
     s->family = family;
@@ -172,7 +169,6 @@ static RS_NOINLINE void sdp_destroy(struct rs_sdp_sock *s)
     sys_close(s->notify_fd);
     if (s->hb.fd >= 0)
         sys_close(s->hb.fd);        /* handed back, never taken */
-    pthread_mutex_destroy(&s->lock);
     free(s);
 }
 
@@ -397,7 +393,7 @@ static int wait_common(struct rs_sdp_sock *s, uint64_t deadline_ms, bool interru
         if (time_sleep)
             slept_from = rs_sdp_now_us();
     }
-    pthread_mutex_unlock(&s->lock);
+    rs_unlock(&s->lock);
     int result = 0;
     for (; !spun;) {
         struct timespec ts, *tsp = NULL;
@@ -427,7 +423,7 @@ static int wait_common(struct rs_sdp_sock *s, uint64_t deadline_ms, bool interru
     bool rnic_ready = false;
     for (int i = 2; i < nfds; i++)
         rnic_ready = rnic_ready || pfd[i].revents != 0;
-    pthread_mutex_lock(&s->lock);
+    rs_lock(&s->lock);
     if (slept_from && result == 0)
         rs_sdp_spin_learn_sleep(s, rs_sdp_now_us() - slept_from);
     if (at_cq)
@@ -503,10 +499,10 @@ unsigned rs_sdp_poll(struct rs_sdp_sock *s)
 {
     if (rs_sdp_check_epoch(s) != 0)
         return POLLNVAL;
-    pthread_mutex_lock(&s->lock);
+    rs_lock(&s->lock);
     rs_sdp_progress(s);
     unsigned m = rs_sdp_mask_locked(s);
-    pthread_mutex_unlock(&s->lock);
+    rs_unlock(&s->lock);
     return m;
 }
 
@@ -517,7 +513,7 @@ int rs_sdp_fd(const struct rs_sdp_sock *s)
 
 void rs_sdp_interest(struct rs_sdp_sock *s, unsigned events, int delta)
 {
-    pthread_mutex_lock(&s->lock);
+    rs_lock(&s->lock);
     for (unsigned bit = 0; bit < 16; bit++) {
         if (!(events & (1u << bit)))
             continue;
@@ -534,5 +530,5 @@ void rs_sdp_interest(struct rs_sdp_sock *s, unsigned events, int delta)
         s->duty_wanted = true;
     rs_sdp_progress(s);     /* (a listener's intake follows its POLLIN interest) */
     rs_sdp_signal(s);
-    pthread_mutex_unlock(&s->lock);
+    rs_unlock(&s->lock);
 }

@@ -169,8 +169,8 @@ enum sdp_spin_outcome rs_sdp_spin(struct rs_sdp_sock *s, struct sdp_waiter *w, u
             w->signalled = other;
             return other ? SDP_SPIN_ENDED_OTHERWISE : SDP_SPIN_MISSED;
         }
-        pthread_mutex_unlock(&s->lock);
+        rs_unlock(&s->lock);
         sched_yield();
-        pthread_mutex_lock(&s->lock);
+        rs_lock(&s->lock);
     }
 }

@@ -432,7 +432,7 @@ ssize_t rs_sdp_sendmsg(struct rs_sdp_sock *s, const struct iovec *iov, int iovcn
     if (flags & MSG_OOB)
         return -EOPNOTSUPP;
     size_t total = iov_total(iov, iovcnt);
-    pthread_mutex_lock(&s->lock);
+    rs_lock(&s->lock);
     bool dontwait = s->nonblock || (flags & MSG_DONTWAIT);
     uint64_t deadline = !dontwait && s->sndtimeo_ms > 0 ? rs_sdp_now_ms() + (uint64_t)s->sndtimeo_ms : 0;
     size_t sent = 0;
@@ -555,9 +555,9 @@ ssize_t rs_sdp_sendmsg(struct rs_sdp_sock *s, const struct iovec *iov, int iovcn
              * costs less than the unlock and lock around it (two atomic operations, far dearer under an emulated
              * CPU than copying a few kilobytes). */
             s->tx_busy = true;
-            pthread_mutex_unlock(&s->lock);
+            rs_unlock(&s->lock);
             copy_in(s, iov, iovcnt, &vi, &vo, pos, n);
-            pthread_mutex_lock(&s->lock);
+            rs_lock(&s->lock);
             s->tx_busy = false;
         } else {
             copy_in(s, iov, iovcnt, &vi, &vo, pos, n);
@@ -585,7 +585,7 @@ ssize_t rs_sdp_sendmsg(struct rs_sdp_sock *s, const struct iovec *iov, int iovcn
     if (copy_started_us && sent > copy_measured && result > 0)
         rs_sdp_z_record(s, sent - copy_measured, false, sent - copy_measured, rs_sdp_now_us() - copy_started_us);
     rs_sdp_call_done(s);
-    pthread_mutex_unlock(&s->lock);
+    rs_unlock(&s->lock);
     if (epipe && !(flags & MSG_NOSIGNAL))
         raise_sigpipe();
     return result;
@@ -602,13 +602,13 @@ int rs_sdp_outq(struct rs_sdp_sock *s)
     int r = rs_sdp_check_epoch(s);
     if (r != 0)
         return r;
-    pthread_mutex_lock(&s->lock);
+    rs_lock(&s->lock);
     if (rs_sdp_hb_settle(s) != 0) {
-        pthread_mutex_unlock(&s->lock);
+        rs_unlock(&s->lock);
         return -EREMCHG;
     }
     rs_sdp_progress(s);
     uint64_t q = rs_sdp_tx_unacked(s);
-    pthread_mutex_unlock(&s->lock);
+    rs_unlock(&s->lock);
     return q > INT32_MAX ? INT32_MAX : (int)q;
 }

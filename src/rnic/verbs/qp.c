@@ -987,25 +987,31 @@ static bool rc_flushing(struct rs_v_qp *qp)
     return atomic_load_explicit(&qp->state, memory_order_acquire) == RS_QPS_ERROR;
 }
 
+/* rnic.h's four send flags (bits 0-3) as ibverbs spells them, indexed by value: one load on every post rather
+ * than a test per flag. */
+#define IBV_FLAGS_OF(f)                                                                                           \
+    (((f) & RS_SEND_SIGNALED ? IBV_SEND_SIGNALED : 0) | ((f) & RS_SEND_SOLICITED ? IBV_SEND_SOLICITED : 0) |   \
+     ((f) & RS_SEND_INLINE ? IBV_SEND_INLINE : 0) | ((f) & RS_SEND_FENCE ? IBV_SEND_FENCE : 0))
+static const uint8_t ibv_flags_of[16] = {
+    IBV_FLAGS_OF(0),  IBV_FLAGS_OF(1),  IBV_FLAGS_OF(2),  IBV_FLAGS_OF(3),  IBV_FLAGS_OF(4),  IBV_FLAGS_OF(5),
+    IBV_FLAGS_OF(6),  IBV_FLAGS_OF(7),  IBV_FLAGS_OF(8),  IBV_FLAGS_OF(9),  IBV_FLAGS_OF(10), IBV_FLAGS_OF(11),
+    IBV_FLAGS_OF(12), IBV_FLAGS_OF(13), IBV_FLAGS_OF(14), IBV_FLAGS_OF(15),
+};
+#undef IBV_FLAGS_OF
+_Static_assert((RS_SEND_SIGNALED | RS_SEND_SOLICITED | RS_SEND_INLINE | RS_SEND_FENCE) == 15u,
+               "the send flags index ibv_flags_of");
+
 /* The request's flags as ibverbs spells them; -EINVAL for inline data the QP cannot take (or an inline READ). */
 static int send_flags(const struct rs_v_qp *qp, const struct rs_rnic_send_wr *wr, unsigned *out)
 {
-    unsigned f = 0;
-    if (wr->flags & RS_SEND_SIGNALED)
-        f |= IBV_SEND_SIGNALED;
-    if (wr->flags & RS_SEND_SOLICITED)
-        f |= IBV_SEND_SOLICITED;
-    if (wr->flags & RS_SEND_FENCE)
-        f |= IBV_SEND_FENCE;
     if (wr->flags & RS_SEND_INLINE) {
-        uint64_t total = 0;
-        for (int i = 0; i < wr->num_sge; i++)
+        uint64_t total = wr->num_sge == 1 ? wr->sg_list[0].length : 0;
+        for (int i = 0; wr->num_sge != 1 && i < wr->num_sge; i++)
             total += wr->sg_list[i].length;
         if (total > qp->max_inline || wr->opcode == RS_WR_RDMA_READ)
             return -EINVAL;
-        f |= IBV_SEND_INLINE;
     }
-    *out = f;
+    *out = ibv_flags_of[wr->flags & 15u];
     return 0;
 }
 

@@ -24,6 +24,7 @@
 #include <infiniband/verbs.h>
 #include <rdma/rdma_cma.h>
 
+#include "common/lock.h"
 #include "rnic/provider.h"
 
 /* ---- tunables (documented in docs/verbs.md) --------------------------------------------------------------- */
@@ -129,7 +130,7 @@ struct rs_v_cq {
     struct ibv_comp_channel *channel;
     int event_fd;                   /* software completions wake waiters through this */
     int poll_fd;                    /* epoll set of channel fd + event_fd: what rs_rnic_cq_fd returns */
-    pthread_mutex_t lock;
+    struct rs_lock lock;            /* common/lock.h: taken on every poll */
     struct rs_rnic_wc *ring;
     uint32_t depth, head, count;
     atomic_bool overflow;
