@@ -8,6 +8,11 @@ MIN times (the round trips of the run): loops of the start-up also pass, which i
 
 prints, per object, the distinct instructions and 4 KiB code pages of the steady state, the functions with the
 most of those instructions, and the calls per round trip (caller -> callee, edges taken at least MIN times).
+
+    callgrind_footprint.py --per-trip FILE_SHORT FILE_LONG EXTRA_TRIPS [TOP]
+
+prints the instructions executed and the calls made per round trip: the difference between two profiles of the
+same program, one run EXTRA_TRIPS round trips longer than the other, so that start-up and teardown cancel out.
 Under TCG each distinct block a call runs, and each call and return (an indirect jump QEMU looks up), costs the
 call and slows the kernel work after it (docs/results/sdp-verbs.md).
 """
@@ -48,7 +53,32 @@ def parse(path):
     return counts, owner, edges
 
 
+def per_trip(short, long_, trips, top):
+    totals = []
+    for path in (short, long_):
+        counts, owner, edges = parse(path)
+        per_ob, per_fn = collections.Counter(), collections.Counter()
+        for (ob, addr), c in counts.items():
+            per_ob[ob] += c
+            per_fn[(ob, owner[(ob, addr)])] += c
+        totals.append((per_ob, per_fn, sum(edges.values())))
+    (ob_a, fn_a, calls_a), (ob_b, fn_b, calls_b) = totals
+    delta = {ob: (ob_b[ob] - ob_a[ob]) / trips for ob in set(ob_a) | set(ob_b)}
+    print(f'instructions executed per round trip: {sum(delta.values()):.0f}')
+    for ob, v in sorted(delta.items(), key=lambda kv: -kv[1]):
+        if abs(v) >= 1:
+            print(f'  {v:8.0f}  {ob}')
+    print('functions:')
+    fns = sorted(((fn_b[k] - fn_a[k]) / trips, k) for k in fn_b)
+    for v, (ob, fn) in reversed(fns[-top:]):
+        print(f'  {v:8.1f}  {ob}:{fn}')
+    print(f'calls per round trip: {(calls_b - calls_a) / trips:.1f}')
+
+
 def main():
+    if sys.argv[1] == '--per-trip':
+        per_trip(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]) if len(sys.argv) > 5 else 25)
+        return
     path, minc = sys.argv[1], int(sys.argv[2])
     top = int(sys.argv[3]) if len(sys.argv) > 3 else 25
     counts, owner, edges = parse(path)
