@@ -313,6 +313,14 @@ static double run_bw(bool sdp, uint16_t port, size_t size)
     send_exact(&c, "b", 1);
     char *b = malloc(size);
     memset(b, 0x42, size);
+    /* SDP_BENCH_PHASE=N: N more bytes before the timed writes, which then start at offset 1 + N of the send ring
+     * (sdp_verbs's rstream starts its bulk at 16; the lent regions are cut where the ring ends). */
+    const char *phase = getenv("SDP_BENCH_PHASE");
+    for (size_t left = phase ? strtoul(phase, NULL, 0) : 0; left > 0;) {
+        size_t n = left < size ? left : size;
+        send_exact(&c, b, n);
+        left -= n;
+    }
     uint64_t bytes = 0;
     double t0 = now_s();
     while (now_s() - t0 < opt_seconds) {
