@@ -1005,8 +1005,8 @@ _Static_assert((RS_SEND_SIGNALED | RS_SEND_SOLICITED | RS_SEND_INLINE | RS_SEND_
 static int send_flags(const struct rs_v_qp *qp, const struct rs_rnic_send_wr *wr, unsigned *out)
 {
     if (wr->flags & RS_SEND_INLINE) {
-        uint64_t total = wr->num_sge == 1 ? wr->sg_list[0].length : 0;
-        for (int i = 0; wr->num_sge != 1 && i < wr->num_sge; i++)
+        uint64_t total = 0;
+        for (int i = 0; i < wr->num_sge; i++)
             total += wr->sg_list[i].length;
         if (total > qp->max_inline || wr->opcode == RS_WR_RDMA_READ)
             return -EINVAL;
