@@ -82,6 +82,7 @@ struct rs_rnic_caps {
     bool has_srq;
     bool has_xrc;                   /* XRC domains and XRC QPs (verbs, device capability) */
     bool has_write_with_imm;
+    bool has_send_with_imm;         /* RS_WR_SEND_WITH_IMM, on RC QPs created with imm_data */
     bool has_native_write_record;   /* soft: native; verbs: emulated (see docs) */
     bool mr_pins_pages;             /* a memory region keeps the pages mapped when it was made (verbs without
                                      * on-demand paging); the soft RNIC resolves addresses at each access */
@@ -153,7 +154,8 @@ enum rs_rnic_wc_opcode {
     RS_WC_RDMA_WRITE,
     RS_WC_RDMA_READ,
     RS_WC_WRITE_RECORD,             /* initiator side */
-    RS_WC_RECV,                     /* a SEND (any variant) consumed a posted receive */
+    RS_WC_RECV,                     /* a SEND (any variant) consumed a posted receive; SEND_WITH_IMM sets
+                                     * RS_WC_WITH_IMM (on a QP created with imm_data) */
     RS_WC_RECV_RDMA_WITH_IMM,       /* a WRITE_WITH_IMM consumed a posted receive */
     RS_WC_RECV_WRITE_RECORD,        /* target side of a WRITE_RECORD: no receive consumed */
     RS_WC_RECV_RAW,                 /* a QP that adopted a socket hands a datagram back (rs_rnic_ud_adopt_fd) */
@@ -252,6 +254,10 @@ struct rs_rnic_qp_attr {
                                      * as RS_WC_RECORD_PARTIAL this long after its latest segment (silence, not
                                      * length); 0 = provider default */
     void *context;                  /* returned by rs_rnic_qp_context */
+    bool imm_data;                  /* RC, caps.has_send_with_imm: SEND_WITH_IMM carries 32 bits of the caller's, sent
+                                     * and received. The verbs provider emulates SEND_WITH_INVALIDATE with the
+                                     * immediate on InfiniBand and RoCE, so such a QP may not send that (-EINVAL),
+                                     * and both ends of a connection must agree on the flag. */
     struct rs_rnic_xrcd *xrcd;      /* RS_QPT_XRC_TGT: the XRC domain it serves */
 };
 
@@ -285,6 +291,7 @@ enum rs_rnic_wr_opcode {
     RS_WR_RDMA_WRITE_WITH_IMM,      /* RC, if caps.has_write_with_imm: consumes a receive at the peer */
     RS_WR_RDMA_READ,                /* RC; UD on the soft RNIC (with a timeout) */
     RS_WR_WRITE_RECORD,             /* UD: one-sided placement with a record at the target */
+    RS_WR_SEND_WITH_IMM,            /* RC QP created with imm_data: a SEND whose receive completion carries imm_data */
 };
 
 enum rs_rnic_send_flags {
@@ -301,7 +308,7 @@ struct rs_rnic_send_wr {
     unsigned flags;
     struct rs_rnic_sge *sg_list;
     int num_sge;
-    uint32_t imm_data;              /* WRITE_WITH_IMM */
+    uint32_t imm_data;              /* WRITE_WITH_IMM, SEND_WITH_IMM */
     uint32_t invalidate_rkey;       /* SEND_WITH_INVALIDATE */
     struct {                        /* RDMA_WRITE*, RDMA_READ, WRITE_RECORD: the peer's region */
         uint64_t remote_addr;       /* address or offset as the peer advertised it */

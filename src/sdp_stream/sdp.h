@@ -232,6 +232,7 @@ struct rs_sdp_stats {
     uint64_t spin_catches;                          /* ... whose spin got what it waited for (RDMASOCK_SPIN_US) */
     uint64_t ring_lent_bytes;                       /* sent by SrcAvail over the send ring (peer read them) */
     uint64_t ring_lends;                            /* such SrcAvails */
+    uint64_t compact_sent, compact_received;        /* Data messages with their BSDH in the immediate data */
 };
 
 int rs_sdp_setsockopt(struct rs_sdp_sock *s, int level, int name, const void *val, socklen_t len);

@@ -49,6 +49,14 @@ static uint32_t clamp_u32(uint64_t v, uint32_t lo, uint32_t hi)
 
 /* ---- rings and RNIC objects ---- */
 
+/* RDMASOCK_SDP_COMPACT=on|off (default on): announce compact Data where the RNIC has SEND_WITH_IMM (docs/sdp.md
+ * "Compact Data"). Off, every message carries its 16-byte BSDH in the payload, as the SDP specification lays out. */
+static bool compact_wanted(void)
+{
+    static int cached = -2;
+    return rs_sdp_env_choice("RDMASOCK_SDP_COMPACT", &cached) != 0;
+}
+
 /* A fresh QP on the socket's CQ with every receive buffer posted. */
 static int create_qp_posted(struct rs_sdp_sock *s)
 {
@@ -59,7 +67,9 @@ static int create_qp_posted(struct rs_sdp_sock *s)
     struct rs_rnic_qp_attr attr = {
         .type = RS_QPT_RC, .send_cq = s->cq, .recv_cq = s->cq, .max_send_wr = s->sq_depth, .max_recv_wr = s->nbufs,
         .max_send_sge = 3, .max_recv_sge = 1, .max_inline = s->inline_max, .sq_sig_all = false, .context = s,
+        .imm_data = s->dev->caps->has_send_with_imm && compact_wanted(),
     };
+    s->imm_rx = attr.imm_data;
     int r = rs_rnic_create_qp(s->dev->pd, &attr, &s->qp);
     if (r != 0)
         return r;
@@ -192,6 +202,8 @@ static void hello_fill(struct rs_sdp_sock *s, struct rs_sdp_hello *h)
     h->port = addr_port(&s->local);
     h->has_ext = true;
     h->ext_flags = RS_SDP_EXT_ZCOPY | RS_SDP_EXT_HANDBACK | RS_SDP_EXT_SOLICITED;
+    if (s->imm_rx)
+        h->ext_flags |= RS_SDP_EXT_IMM_DATA;
     h->ka_rkey = s->dev->ka_mr->rkey;
     h->ka_addr = (uint64_t)(uintptr_t)s->dev->ka_target;
     s->adv_bufs = h->bsdh.bufs;
@@ -214,6 +226,9 @@ static int hello_apply(struct rs_sdp_sock *s, const struct rs_sdp_hello *h)
     s->peer_zcopy = h->has_ext && (h->ext_flags & RS_SDP_EXT_ZCOPY) && h->max_adverts > 0;
     s->peer_handback = h->has_ext && (h->ext_flags & RS_SDP_EXT_HANDBACK);
     s->peer_solicits = h->has_ext && (h->ext_flags & RS_SDP_EXT_SOLICITED);
+    /* Both ends' QPs must take the immediate as data: ours does when we announced it (imm_rx), the peer's when it
+     * did. We send compact when both hold (only such a QP posts SEND_WITH_IMM); we take it whenever we announced. */
+    s->peer_imm = s->imm_rx && h->has_ext && (h->ext_flags & RS_SDP_EXT_IMM_DATA);
     s->peer_ka_rkey = h->has_ext ? h->ka_rkey : 0;
     s->peer_ka_addr = h->ka_addr;
     s->stats.peer_buf_size = s->peer_rbuf_size;

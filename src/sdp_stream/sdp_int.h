@@ -392,6 +392,8 @@ struct rs_sdp_sock {
     /* hand-back (sdp_handback.c) */
     bool peer_handback;             /* the peer announced RS_SDP_EXT_HANDBACK */
     bool peer_solicits;             /* the peer announced RS_SDP_EXT_SOLICITED */
+    bool imm_rx;                    /* our QP takes compact Data (RS_SDP_EXT_IMM_DATA, announced in our Hello) */
+    bool peer_imm;                  /* the peer announced it: small Data goes to it compact */
     bool passive;                   /* accepted (not connected) side: yields when both start a hand-back */
     struct {
         enum sdp_hb_phase phase;
@@ -570,6 +572,9 @@ int rs_sdp_post_msg(struct rs_sdp_sock *s, uint8_t mid, const struct rs_sdp_avai
 /* Posts one Data message whose payload is the application's buffer, inline (the RNIC copies it during the post:
  * the buffer is free when this returns). -EINVAL when it does not fit inline. */
 int rs_sdp_post_data_inline(struct rs_sdp_sock *s, const void *buf, uint32_t len);
+/* An on/off/auto environment setting, read once into *cache (start it at -2): 1 on, 0 off, -1 auto or unset
+ * (a warning names anything else). */
+int rs_sdp_env_choice(const char *name, int *cache);
 bool rs_sdp_can_send_ctrl(const struct rs_sdp_sock *s);
 bool rs_sdp_can_send_data(const struct rs_sdp_sock *s);
 /* Sends what the credits, Nagle, cork and the peer's sink allow; lock held. */

@@ -114,8 +114,18 @@ void rs_sdp_on_recv(struct rs_sdp_sock *s, const struct rs_rnic_wc *wc)
     struct rs_sdp_bsdh h;
     struct rs_sdp_avail avail = { 0 };
     uint32_t compl_len = 0;
-    int r = rs_sdp_msg_check(buf, wc->byte_len, &h, &avail, &compl_len);
-    if (r != 0) {
+    uint32_t data_off = RS_SDP_BSDH_LEN;
+    if (wc->flags & RS_WC_WITH_IMM) {
+        /* Compact Data (sdp_wire.h): a SEND of payload only, on a QP that announced it. */
+        if (!s->imm_rx || wc->opcode != RS_WC_RECV || wc->byte_len == 0) {
+            rs_sdp_post_recv_buf(s, idx);
+            rs_sdp_protocol_error(s, "compact Data not announced, or empty, len", wc->byte_len);
+            return;
+        }
+        rs_sdp_imm_decode(wc->imm_data, wc->byte_len, s->rx_mseq_last + 1, s->tx_mseq_next - 1, &h);
+        data_off = 0;
+        s->stats.compact_received++;
+    } else if (rs_sdp_msg_check(buf, wc->byte_len, &h, &avail, &compl_len) != 0) {
         rs_sdp_post_recv_buf(s, idx);
         /* An empty SEND is legal RDMA: its buffer still holds an older message, so byte 0 is not its MID. */
         if (wc->byte_len == 0)
@@ -184,7 +194,7 @@ void rs_sdp_on_recv(struct rs_sdp_sock *s, const struct rs_rnic_wc *wc)
             rs_sdp_protocol_error(s, "receive queue overrun, len", payload);
             return;
         }
-        rxq_push(s, SDP_RX_DATA, idx, RS_SDP_BSDH_LEN, payload);
+        rxq_push(s, SDP_RX_DATA, idx, data_off, payload);
         s->stats.data_msgs_received++;
         return;
     case RS_SDP_MID_DISCONN:

@@ -103,14 +103,12 @@ static int thread_wait_fd(void)
 
 /* ---- objects ---- */
 
-/* RDMASOCK_LEND_RING=auto|on|off: the default of RS_SDP_LEND_RING (docs/sdp.md "Lending the send ring"). */
-static int lend_ring_default(void)
+int rs_sdp_env_choice(const char *name, int *cache)
 {
-    static int cached = -2;
-    int v = __atomic_load_n(&cached, __ATOMIC_RELAXED);
+    int v = __atomic_load_n(cache, __ATOMIC_RELAXED);
     if (v != -2)
         return v;
-    const char *e = getenv("RDMASOCK_LEND_RING");
+    const char *e = getenv(name);
     v = -1;
     if (e && *e && strcmp(e, "auto") != 0) {
         if (strcmp(e, "on") == 0)
@@ -118,10 +116,17 @@ static int lend_ring_default(void)
         else if (strcmp(e, "off") == 0)
             v = 0;
         else
-            RS_WARN("sdp: RDMASOCK_LEND_RING='%s' is not auto, on or off; using auto", e);
+            RS_WARN("sdp: %s='%s' is not auto, on or off; using auto", name, e);
     }
-    __atomic_store_n(&cached, v, __ATOMIC_RELAXED);
+    __atomic_store_n(cache, v, __ATOMIC_RELAXED);
     return v;
+}
+
+/* RDMASOCK_LEND_RING=auto|on|off: the default of RS_SDP_LEND_RING (docs/sdp.md "Lending the send ring"). */
+static int lend_ring_default(void)
+{
+    static int cached = -2;
+    return rs_sdp_env_choice("RDMASOCK_LEND_RING", &cached);
 }
 
 struct rs_sdp_sock *rs_sdp_sock_alloc(int family, int kind)

@@ -135,17 +135,24 @@ int rs_sdp_post_msg(struct rs_sdp_sock *s, uint8_t mid, const struct rs_sdp_avai
     struct rs_sdp_bsdh h;
     uint32_t slot = start_msg(s, mid, hdr_len + ring_len, &h);
     uint8_t *hdr = s->hdr_mem + (size_t)slot * SDP_HDR_SLOT;
-    if (mid == RS_SDP_MID_SRC_AVAIL || mid == RS_SDP_MID_SINK_AVAIL)
-        rs_sdp_avail_encode(&h, avail, hdr);
-    else if (mid == RS_SDP_MID_RDMA_WR_COMPL || mid == RS_SDP_MID_RDMA_RD_COMPL)
-        rs_sdp_compl_encode(&h, compl_len, hdr);
-    else if (mid == RS_SDP_MID_SUSPEND)
-        rs_sdp_suspend_encode(&h, s->hb.service_id, hdr);
-    else
-        rs_sdp_bsdh_encode(&h, hdr);
+    bool inlined = hdr_len + ring_len <= s->inline_max;
+    uint32_t imm = 0;
+    /* Small Data goes compact (the BSDH in the immediate) when the peer takes it: sdp_wire.h. */
+    bool compact = inlined && s->peer_imm && rs_sdp_imm_encode(&h, &imm);
+    if (!compact) {
+        if (mid == RS_SDP_MID_SRC_AVAIL || mid == RS_SDP_MID_SINK_AVAIL)
+            rs_sdp_avail_encode(&h, avail, hdr);
+        else if (mid == RS_SDP_MID_RDMA_WR_COMPL || mid == RS_SDP_MID_RDMA_RD_COMPL)
+            rs_sdp_compl_encode(&h, compl_len, hdr);
+        else if (mid == RS_SDP_MID_SUSPEND)
+            rs_sdp_suspend_encode(&h, s->hb.service_id, hdr);
+        else
+            rs_sdp_bsdh_encode(&h, hdr);
+    }
     struct rs_rnic_sge sge[3];
     int nsge = 0;
-    sge[nsge++] = (struct rs_rnic_sge){ (uint64_t)(uintptr_t)hdr, hdr_len, s->hdr_mr->lkey };
+    if (!compact)
+        sge[nsge++] = (struct rs_rnic_sge){ (uint64_t)(uintptr_t)hdr, hdr_len, s->hdr_mr->lkey };
     if (ring_len) {
         uint32_t off = (uint32_t)(ring_off % s->sbuf_size);
         uint32_t first = s->sbuf_size - off < ring_len ? s->sbuf_size - off : ring_len;
@@ -154,10 +161,9 @@ int rs_sdp_post_msg(struct rs_sdp_sock *s, uint8_t mid, const struct rs_sdp_avai
             sge[nsge++] = (struct rs_rnic_sge){ (uint64_t)(uintptr_t)s->sbuf_mem, ring_len - first, s->sbuf_mr->lkey };
     }
     struct rs_rnic_send_wr wr = {
-        .wr_id = SDP_WR_SEND | slot, .opcode = RS_WR_SEND, .flags = RS_SEND_SOLICITED, .sg_list = sge,
-        .num_sge = nsge,
+        .wr_id = SDP_WR_SEND | slot, .opcode = compact ? RS_WR_SEND_WITH_IMM : RS_WR_SEND,
+        .flags = RS_SEND_SOLICITED, .sg_list = sge, .num_sge = nsge, .imm_data = imm,
     };
-    bool inlined = hdr_len + ring_len <= s->inline_max;
     if (inlined)
         wr.flags |= RS_SEND_INLINE;
     bool quiet = inlined && mid == RS_SDP_MID_DATA && may_go_quiet(s, ring_len);
@@ -171,6 +177,7 @@ int rs_sdp_post_msg(struct rs_sdp_sock *s, uint8_t mid, const struct rs_sdp_avai
         return r;
     }
     account_posted(s, slot, &h, ring_len, quiet, credits, data_bearing(mid, ring_len));
+    s->stats.compact_sent += compact;
     RS_TRACE("sdp: sent %s mseq %u ack %u bufs %u len %u (credits were %d)", rs_sdp_mid_name(mid), h.mseq,
              h.mseq_ack, h.bufs, h.len, credits);
     return 0;
@@ -185,7 +192,6 @@ int rs_sdp_post_data_inline(struct rs_sdp_sock *s, const void *buf, uint32_t len
     struct rs_sdp_bsdh h;
     uint32_t slot = start_msg(s, RS_SDP_MID_DATA, RS_SDP_BSDH_LEN + len, &h);
     uint8_t *hdr = s->hdr_mem + (size_t)slot * SDP_HDR_SLOT;
-    rs_sdp_bsdh_encode(&h, hdr);
     struct rs_rnic_sge sge[2] = {
         { (uint64_t)(uintptr_t)hdr, RS_SDP_BSDH_LEN, s->hdr_mr->lkey },
         { (uint64_t)(uintptr_t)buf, len, s->sbuf_mr->lkey },
@@ -195,6 +201,14 @@ int rs_sdp_post_data_inline(struct rs_sdp_sock *s, const void *buf, uint32_t len
         .wr_id = SDP_WR_SEND | slot, .opcode = RS_WR_SEND,
         .flags = RS_SEND_SOLICITED | RS_SEND_INLINE | (quiet ? 0 : RS_SEND_SIGNALED), .sg_list = sge, .num_sge = 2,
     };
+    bool compact = s->peer_imm && rs_sdp_imm_encode(&h, &wr.imm_data);
+    if (compact) {
+        wr.opcode = RS_WR_SEND_WITH_IMM;
+        wr.sg_list = &sge[1];
+        wr.num_sge = 1;
+    } else {
+        rs_sdp_bsdh_encode(&h, hdr);
+    }
     struct rs_rnic_send_wr *bad = NULL;
     int r = rs_rnic_post_send(s->qp, &wr, &bad);
     if (r != 0) {
@@ -202,6 +216,7 @@ int rs_sdp_post_data_inline(struct rs_sdp_sock *s, const void *buf, uint32_t len
         return r;
     }
     account_posted(s, slot, &h, 0, quiet, credits, true);
+    s->stats.compact_sent += compact;
     return 0;
 }
 

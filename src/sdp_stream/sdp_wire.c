@@ -322,3 +322,20 @@ const char *rs_sdp_mid_name(uint8_t mid)
     default: return "Unknown";
     }
 }
+
+bool rs_sdp_imm_encode(const struct rs_sdp_bsdh *h, uint32_t *imm)
+{
+    if (h->mid != RS_SDP_MID_DATA || h->flags != 0 || h->len <= RS_SDP_BSDH_LEN || h->bufs > RS_SDP_IMM_BUFS_MAX)
+        return false;
+    *imm = (uint32_t)h->bufs << 20 | (h->mseq_ack & RS_SDP_IMM_ACK_MASK);
+    return true;
+}
+
+void rs_sdp_imm_decode(uint32_t imm, uint32_t payload_len, uint32_t next_mseq, uint32_t last_sent_mseq,
+                       struct rs_sdp_bsdh *out)
+{
+    *out = (struct rs_sdp_bsdh){
+        .mid = RS_SDP_MID_DATA, .flags = 0, .bufs = (uint16_t)(imm >> 20), .len = RS_SDP_BSDH_LEN + payload_len,
+        .mseq = next_mseq, .mseq_ack = last_sent_mseq - ((last_sent_mseq - imm) & RS_SDP_IMM_ACK_MASK),
+    };
+}

@@ -88,6 +88,7 @@ struct rs_sdp_avail {           /* SrcAH / SinkAH */
 #define RS_SDP_EXT_ZCOPY 0x1u               /* sender understands SrcAvail/SinkAvail and their cancels */
 #define RS_SDP_EXT_HANDBACK 0x2u            /* sender can hand the connection back to TCP (SuspComm, docs/sdp.md) */
 #define RS_SDP_EXT_SOLICITED 0x4u           /* sender marks every message solicited (a reader may sleep on those) */
+#define RS_SDP_EXT_IMM_DATA 0x8u            /* sender takes compact Data: the BSDH in a SEND's immediate data */
 
 struct rs_sdp_hello {
     struct rs_sdp_bsdh bsdh;
@@ -147,6 +148,25 @@ size_t rs_sdp_hello_encode(const struct rs_sdp_hello *h, uint8_t *out, size_t ca
 int rs_sdp_hello_decode(const uint8_t *buf, size_t len, struct rs_sdp_hello *out);
 size_t rs_sdp_hello_ack_encode(const struct rs_sdp_hello *h, uint8_t *out, size_t cap);
 int rs_sdp_hello_ack_decode(const uint8_t *buf, size_t len, struct rs_sdp_hello *out);
+
+/*
+ * Compact Data (RS_SDP_EXT_IMM_DATA, docs/sdp.md "Compact Data"). A Data message with payload and no flags, to a
+ * peer that announced the extension, may travel as a SEND_WITH_IMM of the payload alone; its BSDH rides in the
+ * 32-bit immediate data:
+ *   bits 31-20  bufs (0-4095)
+ *   bits 19-0   the low 20 bits of mseq_ack
+ * The receiver rebuilds the BSDH exactly: mid Data, flags 0, len 16 + the bytes received, mseq the next it expects
+ * (RC delivers in order), and mseq_ack the latest number with those low bits that is not after the last mseq the
+ * receiver sent (a peer cannot acknowledge more; fewer than 2^20 messages are ever unacknowledged, as credits bound
+ * them). So every message still has its BSDH, 16 bytes fewer of it on the wire.
+ */
+#define RS_SDP_IMM_BUFS_MAX 0xfffu
+#define RS_SDP_IMM_ACK_MASK 0xfffffu
+/* The immediate for h, or false when h cannot be compact (not Data, flags, no payload, bufs over 4095). */
+bool rs_sdp_imm_encode(const struct rs_sdp_bsdh *h, uint32_t *imm);
+/* The BSDH of a compact Data message of payload_len bytes. */
+void rs_sdp_imm_decode(uint32_t imm, uint32_t payload_len, uint32_t next_mseq, uint32_t last_sent_mseq,
+                       struct rs_sdp_bsdh *out);
 
 /* Name of a MID ("Data", "SrcAvail", ...), as Wireshark prints it; "Unknown" otherwise. */
 const char *rs_sdp_mid_name(uint8_t mid);

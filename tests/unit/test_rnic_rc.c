@@ -1388,6 +1388,75 @@ static void test_send_with_invalidate(void **state)
     gbuf_fini(&arecv);
 }
 
+/* SEND_WITH_IMM: only on QPs created with imm_data (caps.has_send_with_imm); the immediate arrives with the
+ * receive completion, and such a QP refuses SEND_WITH_INVALIDATE (the verbs provider's emulation needs the
+ * immediate). Where the RNIC has none (soft, iWARP), creating such a QP and posting the opcode are refused. */
+static void test_send_with_imm(void **state)
+{
+    struct fixture *f = *state;
+    const struct rs_rnic_caps *caps = rs_rnic_caps(f->rnic);
+    struct rs_rnic_qp_attr attr = {
+        .type = RS_QPT_RC, .send_cq = f->a.cq, .recv_cq = f->a.cq, .max_send_wr = 64, .max_recv_wr = 64,
+        .max_send_sge = 4, .max_recv_sge = 4, .max_inline = 64, .imm_data = true,
+    };
+    struct gbuf local, rbuf;
+    gbuf_init(&local, f->pd, 4096, RS_ACCESS_LOCAL_WRITE, 0x5a);
+    gbuf_init(&rbuf, f->pd, 4096, RS_ACCESS_LOCAL_WRITE, 0);
+    struct rs_rnic_sge sge = { (uint64_t)(uintptr_t)local.data, 5, local.mr->lkey };
+    struct rs_rnic_send_wr wr = { .wr_id = 20, .opcode = RS_WR_SEND_WITH_IMM, .flags = RS_SEND_SIGNALED,
+                                  .sg_list = &sge, .num_sge = 1, .imm_data = 0xdeadbeef };
+    struct rs_rnic_send_wr *bad = NULL;
+    if (!caps->has_send_with_imm) {
+        struct rs_rnic_qp *qp = NULL;
+        assert_int_equal(rs_rnic_create_qp(f->pd, &attr, &qp), -EINVAL);
+        connect_pair(f, NULL, 0, NULL, 0);
+        assert_int_equal(rs_rnic_post_send(f->a.qp, &wr, &bad), -EINVAL);
+        assert_ptr_equal(bad, &wr);
+        gbuf_fini(&local);
+        gbuf_fini(&rbuf);
+        return;
+    }
+    assert_int_equal(rs_rnic_destroy_qp(f->a.qp), 0);
+    assert_int_equal(rs_rnic_create_qp(f->pd, &attr, &f->a.qp), 0);
+    attr.send_cq = attr.recv_cq = f->p.cq;
+    assert_int_equal(rs_rnic_destroy_qp(f->p.qp), 0);
+    assert_int_equal(rs_rnic_create_qp(f->pd, &attr, &f->p.qp), 0);
+    connect_pair(f, NULL, 0, NULL, 0);
+    post_recv(f->p.qp, 1, &rbuf, 0, 2048);
+    post_recv(f->p.qp, 2, &rbuf, 2048, 2048);
+    /* Inline and from the region, with the immediate either way. */
+    wr.flags |= RS_SEND_INLINE;
+    assert_int_equal(rs_rnic_post_send(f->a.qp, &wr, &bad), 0);
+    expect_wc(f->a.cq, 20, RS_WC_SEND, RS_WC_SUCCESS, NULL);
+    wr.wr_id = 21;
+    wr.flags = RS_SEND_SIGNALED;
+    wr.imm_data = 7;
+    sge.length = 1000;
+    assert_int_equal(rs_rnic_post_send(f->a.qp, &wr, &bad), 0);
+    expect_wc(f->a.cq, 21, RS_WC_SEND, RS_WC_SUCCESS, NULL);
+    struct rs_rnic_wc wc;
+    expect_wc(f->p.cq, 1, RS_WC_RECV, RS_WC_SUCCESS, &wc);
+    assert_int_equal(wc.byte_len, 5);
+    assert_int_equal(wc.flags & (RS_WC_WITH_IMM | RS_WC_WITH_INVALIDATE), RS_WC_WITH_IMM);
+    assert_int_equal(wc.imm_data, 0xdeadbeef);
+    expect_wc(f->p.cq, 2, RS_WC_RECV, RS_WC_SUCCESS, &wc);
+    assert_int_equal(wc.byte_len, 1000);
+    assert_int_equal(wc.flags & (RS_WC_WITH_IMM | RS_WC_WITH_INVALIDATE), RS_WC_WITH_IMM);
+    assert_int_equal(wc.imm_data, 7);
+    for (int i = 0; i < 5; i++)
+        assert_int_equal(rbuf.data[i], 0x5a);
+    for (int i = 0; i < 1000; i++)
+        assert_int_equal(rbuf.data[2048 + i], 0x5a);
+    assert_int_equal(rbuf.data[5], 0);
+    /* The immediate is the caller's here: no emulated invalidation on this QP. */
+    wr.wr_id = 22;
+    wr.opcode = RS_WR_SEND_WITH_INVALIDATE;
+    wr.invalidate_rkey = local.mr->rkey;
+    assert_int_equal(rs_rnic_post_send(f->a.qp, &wr, &bad), -EINVAL);
+    gbuf_fini(&local);
+    gbuf_fini(&rbuf);
+}
+
 enum bad_access { BAD_RKEY, BAD_BOUNDS_WRITE, BAD_WRAP_WRITE, BAD_NO_WRITE_ACCESS, BAD_OTHER_PD, BAD_READ_NO_ACCESS,
                   BAD_READ_BOUNDS, BAD_SEND_TOO_LONG, BAD_NO_RECV };
 
@@ -1660,6 +1729,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_local_read_off, fixture_setup, fixture_teardown),
         cmocka_unit_test_setup_teardown(test_local_read_bad_sink, fixture_setup, fixture_teardown),
         cmocka_unit_test_setup_teardown(test_send_with_invalidate, fixture_setup, fixture_teardown),
+        cmocka_unit_test_setup_teardown(test_send_with_imm, fixture_setup, fixture_teardown),
         cmocka_unit_test_setup_teardown(test_bad_rkey, fixture_setup, fixture_teardown),
         cmocka_unit_test_setup_teardown(test_bad_bounds_write, fixture_setup, fixture_teardown),
         cmocka_unit_test_setup_teardown(test_bad_wrap_write, fixture_setup, fixture_teardown),

@@ -63,6 +63,15 @@ static void test_ping_pong_takes_the_short_path(void **state)
     struct rs_sdp_stats after = sdp_stats(c);
     assert_int_equal(after.bytes_sent - before.bytes_sent, sent);
     assert_int_equal(after.data_msgs_sent - before.data_msgs_sent, 1000);
+    /* Where the RNIC has SEND with immediate (verbs: rxe is RoCE), the small messages went compact (docs/sdp.md
+     * "Compact Data"), every one of them received as such; the soft RNIC has none. */
+    struct rs_sdp_stats peer = sdp_stats(s);
+    const char *compact = getenv("RDMASOCK_SDP_COMPACT");
+    if (sdp_kind() == RS_RNIC_KIND_VERBS && !(compact && strcmp(compact, "off") == 0))
+        assert_true(after.compact_sent - before.compact_sent > 500);
+    else
+        assert_int_equal(after.compact_sent, 0);
+    assert_int_equal(peer.compact_received, after.compact_sent);
     /* Nothing is left over on either side. */
     ssize_t r = 0;
     assert_true(rs_sdp_recv_fast(c, in, sizeof(in), MSG_DONTWAIT, &r));

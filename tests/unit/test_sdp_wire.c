@@ -370,6 +370,99 @@ static void test_rx_empty_message_refused(void **state)
     assert_null(strstr(text, "mid 255"));
 }
 
+/* Compact Data: the BSDH of a small Data message in 32 bits of immediate data, rebuilt exactly. */
+static void test_imm_roundtrip(void **state)
+{
+    (void)state;
+    uint32_t imm = 0;
+    struct rs_sdp_bsdh h = { .mid = RS_SDP_MID_DATA, .bufs = 4095, .len = 16 + 64, .mseq = 7, .mseq_ack = 0x12345678 };
+    assert_true(rs_sdp_imm_encode(&h, &imm));
+    assert_int_equal(imm, 4095u << 20 | 0x45678u);
+    /* The receiver's last sent mseq is at or after the acknowledgement, within 2^20 - 1. */
+    uint32_t last_sent[] = { 0x12345678, 0x12345679, 0x12345678 + 0xfffff, 0x12345678 + 1000 };
+    for (size_t i = 0; i < sizeof(last_sent) / sizeof(last_sent[0]); i++) {
+        struct rs_sdp_bsdh d;
+        rs_sdp_imm_decode(imm, 64, 7, last_sent[i], &d);
+        assert_int_equal(d.mid, RS_SDP_MID_DATA);
+        assert_int_equal(d.flags, 0);
+        assert_int_equal(d.bufs, 4095);
+        assert_int_equal(d.len, 80);
+        assert_int_equal(d.mseq, 7);
+        assert_int_equal(d.mseq_ack, 0x12345678u);
+    }
+    /* Across the 32-bit wrap, and acknowledging nothing yet (0). */
+    h.mseq_ack = 0xfffffff0u;
+    h.bufs = 0;
+    assert_true(rs_sdp_imm_encode(&h, &imm));
+    struct rs_sdp_bsdh d;
+    rs_sdp_imm_decode(imm, 1, 1, 5, &d);
+    assert_int_equal(d.mseq_ack, 0xfffffff0u);
+    assert_int_equal(d.len, 17);
+    h.mseq_ack = 0;
+    assert_true(rs_sdp_imm_encode(&h, &imm));
+    rs_sdp_imm_decode(imm, 1, 1, 0, &d);
+    assert_int_equal(d.mseq_ack, 0);
+    /* What cannot be compact: more than 4095 buffers, flags, no payload, any other MID. */
+    h = (struct rs_sdp_bsdh){ .mid = RS_SDP_MID_DATA, .bufs = 4096, .len = 20 };
+    assert_false(rs_sdp_imm_encode(&h, &imm));
+    h.bufs = 1;
+    h.flags = RS_SDP_FLAG_OOB_PRES;
+    assert_false(rs_sdp_imm_encode(&h, &imm));
+    h.flags = 0;
+    h.len = 16;
+    assert_false(rs_sdp_imm_encode(&h, &imm));
+    h.len = 20;
+    h.mid = RS_SDP_MID_SEND_SM;
+    assert_false(rs_sdp_imm_encode(&h, &imm));
+}
+
+/* A compact Data message as the RNIC completes it: payload at offset 0, the BSDH in the immediate. */
+static void rx_deliver_compact(struct rs_sdp_sock *s, uint32_t idx, const char *payload, uint16_t bufs)
+{
+    uint32_t n = (uint32_t)strlen(payload);
+    memcpy(s->rbuf_mem + (size_t)idx * s->rbuf_size, payload, n);
+    struct rs_sdp_bsdh h = { .mid = RS_SDP_MID_DATA, .bufs = bufs, .len = 16 + n, .mseq = s->rx_mseq_last + 1 };
+    struct rs_rnic_wc wc = { .wr_id = idx, .status = RS_WC_SUCCESS, .opcode = RS_WC_RECV, .byte_len = n,
+                             .flags = RS_WC_WITH_IMM };
+    assert_true(n == 0 || rs_sdp_imm_encode(&h, &wc.imm_data));
+    rs_sdp_on_recv(s, &wc);
+}
+
+static void test_rx_compact_data(void **state)
+{
+    (void)state;
+    uint8_t m[64];
+    struct rs_sdp_sock *s = rx_socket();
+    s->imm_rx = true;
+    rx_deliver(s, 0, m, rx_msg(s, RS_SDP_MID_DATA, 0, "full ", m));
+    rx_deliver_compact(s, 1, "compact", 2);
+    assert_int_equal(s->state, SDP_ST_CONNECTED);
+    assert_int_equal(s->rx_mseq_last, 2);
+    assert_int_equal(s->peer_bufs, 2);
+    assert_int_equal(s->rxq_count, 2);
+    assert_int_equal(s->rx_bytes_queued, 12);
+    assert_int_equal(s->rxq[1].off, 0);
+    assert_memory_equal(s->rbuf_mem + (size_t)s->rxq[1].buf * s->rbuf_size + s->rxq[1].off, "compact", 7);
+    assert_int_equal(s->stats.compact_received, 1);
+    rx_socket_free(s);
+
+    /* Not announced (the QP takes no immediate as data): a protocol error, nothing queued. */
+    s = rx_socket();
+    rx_deliver_compact(s, 0, "unasked", 1);
+    assert_int_equal(s->state, SDP_ST_CLOSED);
+    assert_int_equal(s->so_error, EPROTO);
+    assert_int_equal(s->rxq_count, 0);
+    rx_socket_free(s);
+
+    /* Compact Data has a payload by definition. */
+    s = rx_socket();
+    s->imm_rx = true;
+    rx_deliver_compact(s, 0, "", 1);
+    assert_int_equal(s->state, SDP_ST_CLOSED);
+    assert_int_equal(s->so_error, EPROTO);
+    rx_socket_free(s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -382,6 +475,8 @@ int main(void)
         cmocka_unit_test(test_seq_diff_wraps),
         cmocka_unit_test(test_rx_data_behind_srcavail_refused),
         cmocka_unit_test(test_rx_empty_message_refused),
+        cmocka_unit_test(test_imm_roundtrip),
+        cmocka_unit_test(test_rx_compact_data),
     };
     return cmocka_run_group_tests_name("sdp_wire", tests, NULL, NULL);
 }

@@ -123,6 +123,7 @@ static void fill_caps(struct rs_soft_device *dev)
     caps->has_srq = true;
     caps->has_xrc = false;
     caps->has_write_with_imm = false;
+    caps->has_send_with_imm = false;
     caps->has_native_write_record = true;
     caps->mr_pins_pages = false;
     caps->copies_payload = true;

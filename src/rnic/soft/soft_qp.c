@@ -66,6 +66,7 @@ enum rs_rnic_wc_opcode rs_soft_wc_opcode(enum rs_rnic_wr_opcode op)
     switch (op) {
     case RS_WR_SEND:
     case RS_WR_SEND_WITH_INVALIDATE:
+    case RS_WR_SEND_WITH_IMM:
         return RS_WC_SEND;
     case RS_WR_RDMA_WRITE:
     case RS_WR_RDMA_WRITE_WITH_IMM:
@@ -136,6 +137,8 @@ static bool opcode_allowed(enum rs_rnic_qp_type type, enum rs_rnic_wr_opcode op)
         return type == RS_QPT_RC;
     case RS_WR_WRITE_RECORD:
         return type == RS_QPT_UD;
+    case RS_WR_SEND_WITH_IMM:
+        return false;           /* caps.has_send_with_imm is false: iWARP has no immediate data on a SEND */
     }
     return false;
 }
@@ -148,6 +151,8 @@ int rs_soft_create_qp(struct rs_rnic_pd *ppd, const struct rs_rnic_qp_attr *attr
         return -EINVAL;
     if (attr->type != RS_QPT_RC && attr->type != RS_QPT_UD)
         return -EINVAL;
+    if (attr->imm_data)
+        return -EINVAL;         /* caps.has_send_with_imm is false */
     if (attr->send_cq->rnic != ppd->rnic || attr->recv_cq->rnic != ppd->rnic)
         return -EINVAL;
     if (attr->max_send_wr == 0 || attr->max_send_wr > RS_SOFT_MAX_QP_WR || attr->max_send_sge > RS_SOFT_MAX_SGE ||

@@ -383,6 +383,9 @@ static bool convert(struct rs_v_cq *cq, const struct ibv_wc *w, struct rs_rnic_w
                 out->opcode = RS_WC_RECV_RDMA_WITH_IMM;
                 out->flags |= RS_WC_WITH_IMM;
                 out->imm_data = ntohl(w->imm_data);
+            } else if ((w->wc_flags & IBV_WC_WITH_IMM) && qp && qp->imm_data) {
+                out->flags |= RS_WC_WITH_IMM;
+                out->imm_data = ntohl(w->imm_data);
             } else if (w->wc_flags & IBV_WC_WITH_IMM) {
                 /* Our SEND_WITH_INVALIDATE: the rkey travels as immediate data (see qp.c). */
                 out->flags |= RS_WC_WITH_INVALIDATE;

@@ -185,6 +185,7 @@ static void fill_caps(struct rs_v_dev *dev, const struct ibv_port_attr *port_att
     caps->has_srq = a->max_srq > 0;
     caps->has_xrc = rs_v_xrc_supported(dev);
     caps->has_write_with_imm = !dev->is_iwarp;
+    caps->has_send_with_imm = !dev->is_iwarp;
     caps->has_native_write_record = false;
     caps->mr_pins_pages = true;
     caps->copies_payload = false;

@@ -327,6 +327,8 @@ static int validate_attr(struct rs_v_dev *dev, const struct rs_rnic_qp_attr *att
     }
     if (attr->type != RS_QPT_RC && attr->type != RS_QPT_UD)
         return -EINVAL;
+    if (attr->imm_data && (attr->type != RS_QPT_RC || !caps->has_send_with_imm))
+        return -EINVAL;
     if (!attr->send_cq || !attr->recv_cq)
         return -EINVAL;
     if (attr->send_cq->rnic != &dev->base || attr->recv_cq->rnic != &dev->base)
@@ -555,6 +557,7 @@ int rs_v_create_qp(struct rs_rnic_pd *base, const struct rs_rnic_qp_attr *attr, 
     qp->max_recv_sge = attr->max_recv_sge;
     qp->max_inline = attr->max_inline;
     qp->sq_sig_all = attr->sq_sig_all;
+    qp->imm_data = attr->imm_data;
     qp->qos = attr->qos;
     qp->read_timeout_ms = attr->ud_read_timeout_ms ? attr->ud_read_timeout_ms : RS_V_DEFAULT_READ_TIMEOUT_MS;
     qp->record_timeout_ms = attr->record_timeout_ms ? attr->record_timeout_ms : RS_V_DEFAULT_RECORD_TIMEOUT_MS;
@@ -1034,9 +1037,17 @@ static int convert_send(struct rs_v_qp *qp, const struct rs_rnic_send_wr *wr, st
             iw->opcode = IBV_WR_SEND_WITH_INV;
             iw->invalidate_rkey = wr->invalidate_rkey;
         } else {
+            if (qp->imm_data)
+                return -EINVAL;     /* the immediate is the caller's on this QP */
             iw->opcode = IBV_WR_SEND_WITH_IMM;
             iw->imm_data = htonl(wr->invalidate_rkey);
         }
+        break;
+    case RS_WR_SEND_WITH_IMM:
+        if (!qp->imm_data)
+            return -EINVAL;
+        iw->opcode = IBV_WR_SEND_WITH_IMM;
+        iw->imm_data = htonl(wr->imm_data);
         break;
     case RS_WR_RDMA_WRITE:
         iw->opcode = IBV_WR_RDMA_WRITE;
@@ -1100,6 +1111,10 @@ static int rc_post_one_send(struct rs_v_qp *qp, struct rs_rnic_send_wr *wr, stru
         .wr_id = (uint64_t)(uintptr_t)slot, .sg_list = (struct ibv_sge *)wr->sg_list, .num_sge = wr->num_sge,
         .opcode = IBV_WR_SEND, .send_flags = flags,
     };
+    if (wr->opcode == RS_WR_SEND_WITH_IMM) {
+        iw.opcode = IBV_WR_SEND_WITH_IMM;
+        iw.imm_data = htonl(wr->imm_data);
+    }
     struct ibv_send_wr *ibad = NULL;
     int pr = ibv_post_send(qp->qp, &iw, &ibad);
     wq_publish(&qp->sq, head, pr ? 0 : 1);
@@ -1120,7 +1135,8 @@ static int rc_post_send(struct rs_v_qp *qp, struct rs_rnic_send_wr *wr, struct r
         *bad_wr = wr;
         return -EINVAL;
     }
-    if (wr && !wr->next && wr->opcode == RS_WR_SEND && qp->type == RS_QPT_RC &&
+    if (wr && !wr->next && (wr->opcode == RS_WR_SEND || (wr->opcode == RS_WR_SEND_WITH_IMM && qp->imm_data)) &&
+        qp->type == RS_QPT_RC &&
         !(wr->flags & ~(unsigned)(RS_SEND_SIGNALED | RS_SEND_SOLICITED | RS_SEND_INLINE)))
         return rc_post_one_send(qp, wr, bad_wr);
     while (wr) {

@@ -226,6 +226,7 @@ struct rs_v_qp {
     struct ibv_qp *qp;
     uint32_t max_send_wr, max_recv_wr, max_send_sge, max_recv_sge, max_inline;
     bool sq_sig_all;
+    bool imm_data;                  /* SEND_WITH_IMM is the caller's (rnic.h), not an emulated invalidation */
     struct rs_rnic_qos qos;
     uint32_t read_timeout_ms, record_timeout_ms;
     pthread_mutex_t lock;           /* state, connection */

@@ -14,6 +14,9 @@ conf=/tmp/sdp_wire.conf
 # The rule names the server's address and port for both ends: rdma (no fallback), so a connection that did not
 # become SDP fails the job instead of passing over kernel TCP.
 echo "use rdma tcp any 198.18.0.1:$port" > "$conf"
+# Every message with its BSDH in the payload, where Wireshark's SDP dissector reads it: no compact Data (docs/sdp.md
+# "Compact Data" puts a small message's BSDH in the immediate data, which the dissector does not look at).
+export RDMASOCK_SDP_COMPACT=off
 
 if [[ "$RS_VM_ROLE" == a ]]; then
     # The checks need every message. tcpdump on an emulated CPU drops frames when it cannot keep up, so: a buffer
