@@ -114,6 +114,12 @@ bool rs_fd_maybe(int fd, enum rs_fd_type type)
     return slot_maybe(fd, type) != NULL;
 }
 
+struct rs_fd_obj *rs_fd_peek(int fd)
+{
+    rs_slot *slot = slot_find(fd);
+    return slot ? (struct rs_fd_obj *)(__atomic_load_n(slot, __ATOMIC_ACQUIRE) & ~SLOT_LOCK) : NULL;
+}
+
 struct rs_fd_obj *rs_fd_get_type(int fd, enum rs_fd_type type)
 {
     rs_slot *slot = slot_maybe(fd, type);

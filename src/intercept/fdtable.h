@@ -55,6 +55,11 @@ struct rs_fd_obj *rs_fd_set(int fd, struct rs_fd_obj *obj, int *err);
 /* Removes the entry of fd and returns its table reference (NULL: there was none). */
 struct rs_fd_obj *rs_fd_clear(int fd);
 
+/* The object fd names right now (NULL: none), for an identity test only: no reference is taken and no slot locked,
+ * so the object may go at any moment. The caller compares it with an object it holds a reference on, and uses that
+ * one (the data calls' per-thread cache, io_calls.c). */
+struct rs_fd_obj *rs_fd_peek(int fd);
+
 /* True when the process has ever had an entry of this type: a cheap test for fast paths that skip lookups. */
 bool rs_fd_any(enum rs_fd_type type);
 /* False when fd certainly has no entry of this type (no reference taken, no slot locked): the test every

@@ -8,8 +8,9 @@
  * it as well (docs/results/sdp-verbs.md, "The header is not what makes SDP slower"), so rsockets' short
  * rrecv/rsend beat our long ones by 1.5x there at equal packets.
  *
- * So the calls try this path first, in the shape of rsockets': a receive with data queued copies it and reposts
- * the buffer; one with nothing queued looks at the CQ once (rs_sdp_progress_fast) and returns; a small send with
+ * So the calls try this path first, in the shape of rsockets': a receive with data queued copies it and leaves the
+ * emptied buffer for the next miss to repost; one with nothing queued looks at the CQ once (rs_sdp_progress_fast),
+ * reposts what the hits emptied and returns; a small send with
  * credit and nothing queued before it goes out inline straight from the application's buffer. Anything else (a
  * state that is not steady, flags, large transfers, a blocking call that would wait) returns false and the
  * general path does the call, with the same results: this path only leaves out what the steady state rules out.
@@ -31,7 +32,7 @@ static size_t copy_queued(struct rs_sdp_sock *s, uint8_t *buf, size_t len)
         uint32_t n = e->len < len - done ? e->len : (uint32_t)(len - done);
         memcpy(buf + done, s->rbuf_mem + (size_t)e->buf * s->rbuf_size + e->off, n);
         done += n;
-        rs_sdp_rx_consume(s, n);
+        rs_sdp_rx_consume(s, n, true);
     }
     return done;
 }
@@ -73,6 +74,10 @@ bool rs_sdp_recv_fast(struct rs_sdp_sock *s, void *buf, size_t len, int flags, s
             if (!s->nonblock && !(flags & MSG_DONTWAIT))
                 goto slow;      /* a blocking call waits, which is the general path's business */
             rs_sdp_note_poll_miss(s);
+            /* The buffers the hits emptied go back now, while the peer's answer is on its way (a deferred
+             * repost, see rs_sdp_rx_release_buf). */
+            if (s->rx_repost_n > 0)
+                rs_sdp_rx_repost_flush(s);
             /* As the general path's miss: readiness is refreshed only if something changed or the notification
              * fd may still say readable. */
             if (s->dirty || s->notify_on) {

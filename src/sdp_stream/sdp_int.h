@@ -588,12 +588,14 @@ uint64_t rs_sdp_tx_unacked(const struct rs_sdp_sock *s);
 
 /* ---- sdp_rx.c ---- */
 void rs_sdp_post_recv_buf(struct rs_sdp_sock *s, uint32_t idx);
-/* A buffer recv() emptied: reposted with others once rx_repost_batch have gathered (or the peer runs short). */
-void rs_sdp_rx_release_buf(struct rs_sdp_sock *s, uint32_t idx);
+/* A buffer recv() emptied: reposted with others once rx_repost_batch have gathered (or the peer runs short). With
+ * defer (the short path), it waits until SDP_REPOST_MAX have gathered instead: the short path's next miss reposts
+ * them (sdp_fast.c), off the round trip of a busy poller. */
+void rs_sdp_rx_release_buf(struct rs_sdp_sock *s, uint32_t idx, bool defer);
 void rs_sdp_rx_repost_flush(struct rs_sdp_sock *s);
 /* n bytes of the queue's head entry were read: advances it, and drops it with its buffer released once empty
  * (returns true then). */
-bool rs_sdp_rx_consume(struct rs_sdp_sock *s, uint32_t n);
+bool rs_sdp_rx_consume(struct rs_sdp_sock *s, uint32_t n, bool defer);
 void rs_sdp_on_recv(struct rs_sdp_sock *s, const struct rs_rnic_wc *wc);
 void rs_sdp_rx_discard_all(struct rs_sdp_sock *s);
 

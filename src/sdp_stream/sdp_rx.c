@@ -51,14 +51,14 @@ void rs_sdp_rx_repost_flush(struct rs_sdp_sock *s)
         s->rx_posted += (uint32_t)(bad - wr);
 }
 
-void rs_sdp_rx_release_buf(struct rs_sdp_sock *s, uint32_t idx)
+void rs_sdp_rx_release_buf(struct rs_sdp_sock *s, uint32_t idx, bool defer)
 {
     if (s->rx_repost_batch <= 1 || !s->rx_repost) {
         rs_sdp_post_recv_buf(s, idx);
         return;
     }
     s->rx_repost[s->rx_repost_n++] = idx;
-    if (s->rx_repost_n >= s->rx_repost_batch)
+    if (s->rx_repost_n >= (defer ? SDP_REPOST_MAX : s->rx_repost_batch))
         rs_sdp_rx_repost_flush(s);
 }
 
@@ -252,7 +252,7 @@ void rs_sdp_on_recv(struct rs_sdp_sock *s, const struct rs_rnic_wc *wc)
     }
 }
 
-bool rs_sdp_rx_consume(struct rs_sdp_sock *s, uint32_t n)
+bool rs_sdp_rx_consume(struct rs_sdp_sock *s, uint32_t n, bool defer)
 {
     struct sdp_rx_entry *e = &s->rxq[s->rxq_head];
     e->off += n;
@@ -264,7 +264,7 @@ bool rs_sdp_rx_consume(struct rs_sdp_sock *s, uint32_t n)
     uint32_t buf = e->buf;
     s->rxq_head = (s->rxq_head + 1) % s->rxq_cap;
     s->rxq_count--;
-    rs_sdp_rx_release_buf(s, buf);
+    rs_sdp_rx_release_buf(s, buf, defer);
     return true;
 }
 
@@ -370,7 +370,7 @@ static ssize_t copy_out(struct rs_sdp_sock *s, const struct iovec *iov, int iovc
         }
         if (s->broken)
             break;      /* the reset already dropped the queue */
-        if (rs_sdp_rx_consume(s, (uint32_t)n))
+        if (rs_sdp_rx_consume(s, (uint32_t)n, false))
             rs_sdp_credit_update_check(s);
     }
     return (ssize_t)done;

@@ -451,6 +451,45 @@ static int run_local(int port)
     CHECK(close_ok == CLOSE_ROUNDS, "closed under a reading thread 20 times: its calls ended with EBADF, data intact");
     pthread_join(th, NULL);
     close(l);
+
+    /* 11. An fd number the thread just moved data on (rdmasock remembers such connections per thread, io_calls.c)
+     * names something else after close or dup2: the calls reach the new object, never the old connection. The
+     * server takes one connection at a time: a thread blocked in accept holds the lowest free number (Linux reserves
+     * it before waiting). */
+    l = listen_on(AF_INET, port + 6);
+    CHECK(l >= 0, "listener for the reused-number check");
+    struct server_args sa11 = { .lfd = l, .count = 1 };
+    pthread_create(&th, NULL, server_thread, &sa11);
+    struct sockaddr_in d11 = addr4("127.0.0.1", port + 6);
+    c = socket(AF_INET, SOCK_STREAM, 0);
+    CHECK(connect(c, (struct sockaddr *)&d11, sizeof(d11)) == 0 && echo_roundtrip(c, 64) && echo_roundtrip(c, 64),
+          "echo twice on a connection");
+    int old_fd = c;
+    close(c);
+    pthread_join(th, NULL);
+    int sv[2];
+    CHECK(socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0 && (sv[0] == old_fd || dup2(sv[0], old_fd) == old_fd),
+          "a socketpair's end takes the closed connection's number");
+    int reused = old_fd, other = sv[1];
+    char got11[8] = { 0 };
+    CHECK(send(other, "unix", 4, 0) == 4 && recv(reused, got11, sizeof(got11), 0) == 4 && memcmp(got11, "unix", 4) == 0 &&
+              send(reused, "back", 4, 0) == 4 && read(other, got11, sizeof(got11)) == 4 && memcmp(got11, "back", 4) == 0,
+          "the reused number reaches the socketpair, both ways");
+    sa11 = (struct server_args){ .lfd = l, .count = 1 };
+    pthread_create(&th, NULL, server_thread, &sa11);
+    c = socket(AF_INET, SOCK_STREAM, 0);
+    CHECK(connect(c, (struct sockaddr *)&d11, sizeof(d11)) == 0 && echo_roundtrip(c, 64), "echo on a second connection");
+    CHECK(dup2(other, c) == c, "dup2 of the socketpair over it");
+    memset(got11, 0, sizeof(got11));
+    CHECK(send(reused, "dup2", 4, 0) == 4 && recv(c, got11, sizeof(got11), 0) == 4 && memcmp(got11, "dup2", 4) == 0,
+          "the dup2'd number reaches the socketpair");
+    close(c);
+    if (reused != sv[0])
+        close(reused);
+    close(sv[0]);
+    close(sv[1]);
+    pthread_join(th, NULL);
+    close(l);
     return failures ? 1 : 0;
 }
 
