@@ -27,13 +27,13 @@ int rs_thread_start(pthread_t *out, void *(*fn)(void *), void *arg, bool detache
     return r;
 }
 
-static pid_t cached_pid;
+pid_t rs_cached_pid_;
 static pthread_once_t pid_handlers_once = PTHREAD_ONCE_INIT;
 
 /* Before fork (another thread may fill the cache again before the fork itself: the child forgets once more). */
 static void forget_pid(void)
 {
-    __atomic_store_n(&cached_pid, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&rs_cached_pid_, 0, __ATOMIC_RELAXED);
 }
 
 static void register_pid_handlers(void)
@@ -41,13 +41,13 @@ static void register_pid_handlers(void)
     pthread_atfork(forget_pid, NULL, forget_pid);
 }
 
-pid_t rs_self_pid(void)
+pid_t rs_self_pid_slow(void)
 {
-    pid_t pid = __atomic_load_n(&cached_pid, __ATOMIC_RELAXED);
+    pid_t pid = __atomic_load_n(&rs_cached_pid_, __ATOMIC_RELAXED);
     if (pid > 0)
         return pid;
     pthread_once(&pid_handlers_once, register_pid_handlers);
     pid = (pid_t)syscall(SYS_getpid);
-    __atomic_store_n(&cached_pid, pid, __ATOMIC_RELAXED);
+    __atomic_store_n(&rs_cached_pid_, pid, __ATOMIC_RELAXED);
     return pid;
 }

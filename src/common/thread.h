@@ -22,6 +22,12 @@ int rs_thread_start(pthread_t *out, void *(*fn)(void *), void *arg, bool detache
  * The cache is forgotten around fork (pthread_atfork, registered at first use), so a child never sees its parent's
  * pid. A process created with a raw clone(2) that skips glibc's fork handlers is not supported, as for glibc itself.
  */
-pid_t rs_self_pid(void);
+pid_t rs_self_pid_slow(void);
+extern pid_t rs_cached_pid_;   /* 0 until first asked, and again around fork */
+static inline pid_t rs_self_pid(void)
+{
+    pid_t pid = __atomic_load_n(&rs_cached_pid_, __ATOMIC_RELAXED);
+    return pid > 0 ? pid : rs_self_pid_slow();
+}
 
 #endif /* RS_COMMON_THREAD_H */

@@ -85,6 +85,15 @@ static void io_cache_thread_exit(void *unused)
 
 static void io_cache_key_create(void) { io_cache_key_ok = pthread_key_create(&io_cache_key, io_cache_thread_exit) == 0; }
 
+/* The cached entry of fd is still its connection (cache marked busy by the caller). */
+static inline __attribute__((always_inline)) bool io_cache_valid(int fd, const struct io_cache_entry *e,
+                                                                 const struct rs_isock *s)
+{
+    return e->s == s && rs_fd_peek(fd) == &s->obj && __atomic_load_n(&s->sdp, __ATOMIC_ACQUIRE) == e->sdp &&
+           rs_isock_path_now((struct rs_isock *)s) == RS_IPATH_SDP && s->owner == rs_self_pid() &&
+           !__atomic_load_n(&s->connecting, __ATOMIC_ACQUIRE);
+}
+
 /* The cached connection of fd, when it still is what fd names and this process's SDP connection. */
 static inline __attribute__((always_inline)) bool target_cached(int fd, struct io_target *t)
 {
@@ -96,9 +105,7 @@ static inline __attribute__((always_inline)) bool target_cached(int fd, struct i
     io_cache_mark(1);
     /* Again: a handler that ran before busy was set may have changed the entry (the comparison above needed no
      * reference: it only told the fd's object apart by its address). */
-    if (e->s == s && rs_fd_peek(fd) == &s->obj && __atomic_load_n(&s->sdp, __ATOMIC_ACQUIRE) == e->sdp &&
-        rs_isock_path_now(s) == RS_IPATH_SDP && s->owner == rs_self_pid() &&
-        !__atomic_load_n(&s->connecting, __ATOMIC_ACQUIRE)) {
+    if (io_cache_valid(fd, e, s)) {
         *t = (struct io_target){ .s = s, .sdp = e->sdp, .cached = true, .fd = fd };
         return true;
     }
@@ -196,6 +203,30 @@ static void target_done(struct io_target *t)
     }
     if (t->s)
         rs_isock_put(t->s);
+}
+
+/*
+ * The whole of a small send or receive on a connection in the thread's cache, when the SDP short path takes it
+ * (sdp_fast.c): no io_target, no call but the SDP layer's. A busy poller's miss costs what this path costs, and
+ * under TCG the instructions of a miss delay the round trip as much as those of a hit (docs/results/sdp-verbs.md).
+ * True with *r set (bytes, or -EAGAIN); false: the general way does the call, from the start.
+ */
+static inline __attribute__((always_inline)) bool io_short(int fd, void *buf, size_t len, int flags, bool sending,
+                                                           ssize_t *r)
+{
+    if (len == 0 || len > (sending ? RS_SDP_SHORT_SEND_MAX : RS_SDP_SHORT_RECV_MAX))
+        return false;
+    struct io_cache_entry *e = &io_cache.way[(unsigned)fd % IO_CACHE_WAYS];
+    struct rs_isock *s = e->s;
+    if (!s || rs_fd_peek(fd) != &s->obj || io_cache.busy)
+        return false;
+    io_cache_mark(1);
+    bool done = io_cache_valid(fd, e, s) &&
+                (sending ? rs_sdp_send_fast(e->sdp, buf, len, flags, r) : rs_sdp_recv_fast(e->sdp, buf, len, flags, r));
+    if (done && *r > 0)
+        rs_isock_set_stats_io(s, (size_t)*r, sending);
+    io_cache_mark(0);
+    return done;
 }
 
 static bool target_is_rdma(const struct io_target *t) { return t->sdp || t->dg || t->inherited; }
@@ -417,12 +448,18 @@ RS_EXPORT ssize_t recvfrom(int fd, void *buf, size_t len, int flags, struct sock
 
 RS_EXPORT ssize_t recv(int fd, void *buf, size_t len, int flags)
 {
+    ssize_t r;
+    if (io_short(fd, buf, len, flags, false, &r))
+        return rs_ret(r);
     struct io_target t;
     IO_CALL(fd, t, RS_REAL(recv)(fd, buf, len, flags), rdma_recv(&t, buf, len, flags, NULL, NULL));
 }
 
 RS_EXPORT ssize_t read(int fd, void *buf, size_t len)
 {
+    ssize_t r;
+    if (io_short(fd, buf, len, 0, false, &r))
+        return rs_ret(r);
     struct io_target t;
     if (!rs_fd_any(RS_FD_SOCK))
         return RS_REAL(read)(fd, buf, len);
@@ -500,14 +537,21 @@ RS_EXPORT ssize_t sendto(int fd, const void *buf, size_t len, int flags, const s
 
 RS_EXPORT ssize_t send(int fd, const void *buf, size_t len, int flags)
 {
+    ssize_t r;
+    if (io_short(fd, (void *)buf, len, flags, true, &r))
+        return rs_ret(r);
     struct io_target t;
     IO_CALL(fd, t, RS_REAL(send)(fd, buf, len, flags), rdma_send(&t, buf, len, flags, NULL, 0));
 }
 
 RS_EXPORT ssize_t write(int fd, const void *buf, size_t len)
 {
+    ssize_t r;
+    if (io_short(fd, (void *)buf, len, 0, true, &r))
+        return rs_ret(r);
     struct io_target t;
-    if (!rs_fd_any(RS_FD_SOCK))
+    /* Most writes are not to sockets of ours: a verbs provider's doorbell, on every send, is one. */
+    if (!rs_fd_maybe(fd, RS_FD_SOCK))
         return RS_REAL(write)(fd, buf, len);
     IO_CALL(fd, t, RS_REAL(write)(fd, buf, len), rdma_send(&t, buf, len, 0, NULL, 0));
 }

@@ -411,6 +411,18 @@ struct rs_sdp_sock {
     struct sockaddr_storage dial;   /* where the current attempt goes (s->peer stays what the application named) */
 };
 
+/* Ring arithmetic without a division (a helper call per use under TCG): the index after i in a ring of n, and the
+ * distance from `from` forward to `to` (both below n). */
+static inline uint32_t sdp_next(uint32_t i, uint32_t n)
+{
+    return i + 1 == n ? 0 : i + 1;
+}
+
+static inline uint32_t sdp_ring_dist(uint32_t from, uint32_t to, uint32_t n)
+{
+    return to >= from ? to - from : to + n - from;
+}
+
 /* ---- sdp_fast.c ---- */
 /* A connected socket in steady state, where the short path applies: no close, shutdown, error, hand-back or
  * zero-copy exchange under way. Lock held. */

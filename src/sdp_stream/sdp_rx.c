@@ -70,7 +70,9 @@ void rs_sdp_protocol_error(struct rs_sdp_sock *s, const char *what, uint32_t v)
 
 static void rxq_push(struct rs_sdp_sock *s, uint8_t kind, uint32_t buf, uint32_t off, uint32_t len)
 {
-    uint32_t at = (s->rxq_head + s->rxq_count) % s->rxq_cap;
+    uint32_t at = s->rxq_head + s->rxq_count;    /* count <= cap: one wrap at most */
+    if (at >= s->rxq_cap)
+        at -= s->rxq_cap;
     s->rxq[at] = (struct sdp_rx_entry){ .kind = kind, .buf = buf, .off = off, .len = len };
     s->rxq_count++;
     s->rx_bytes_queued += len;
@@ -88,7 +90,7 @@ void rs_sdp_rx_discard_all(struct rs_sdp_sock *s)
         struct sdp_rx_entry *e = &s->rxq[s->rxq_head];
         if (e->kind == SDP_RX_DATA)
             rs_sdp_post_recv_buf(s, e->buf);
-        s->rxq_head = (s->rxq_head + 1) % s->rxq_cap;
+        s->rxq_head = sdp_next(s->rxq_head, s->rxq_cap);
         s->rxq_count--;
     }
     s->rx_bytes_queued = 0;
@@ -262,7 +264,7 @@ bool rs_sdp_rx_consume(struct rs_sdp_sock *s, uint32_t n, bool defer)
     if (e->len != 0)
         return false;
     uint32_t buf = e->buf;
-    s->rxq_head = (s->rxq_head + 1) % s->rxq_cap;
+    s->rxq_head = sdp_next(s->rxq_head, s->rxq_cap);
     s->rxq_count--;
     rs_sdp_rx_release_buf(s, buf, defer);
     return true;

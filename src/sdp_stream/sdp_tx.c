@@ -49,7 +49,7 @@ bool rs_sdp_can_send_ctrl(const struct rs_sdp_sock *s)
 uint32_t rs_sdp_slot_alloc(struct rs_sdp_sock *s, enum sdp_slot_kind kind)
 {
     uint32_t idx = s->sq_head;
-    s->sq_head = (idx + 1) % s->sq_depth;
+    s->sq_head = sdp_next(idx, s->sq_depth);
     s->sq_used++;
     s->slots[idx].kind = (uint8_t)kind;
     s->slots[idx].done = false;
@@ -248,8 +248,8 @@ void rs_sdp_on_send_complete(struct rs_sdp_sock *s, const struct rs_rnic_wc *wc)
     }
     slot->done = true;
     /* In order: the unsignaled sends posted before this one (between the tail and it) have completed too. */
-    if ((idx + s->sq_depth - s->sq_tail) % s->sq_depth < s->sq_used)
-        for (uint32_t i = s->sq_tail; i != idx; i = (i + 1) % s->sq_depth)
+    if (sdp_ring_dist(s->sq_tail, idx, s->sq_depth) < s->sq_used)
+        for (uint32_t i = s->sq_tail; i != idx; i = sdp_next(i, s->sq_depth))
             s->slots[i].done = true;
     if (!ok && wc->status != RS_WC_WR_FLUSH_ERR && s->state != SDP_ST_CLOSED) {
         RS_DEBUG("sdp: work request failed with status %d", (int)wc->status);
@@ -270,7 +270,7 @@ void rs_sdp_on_send_complete(struct rs_sdp_sock *s, const struct rs_rnic_wc *wc)
         t->kind = SDP_SLOT_FREE;
         t->done = false;
         t->quiet = false;
-        s->sq_tail = (s->sq_tail + 1) % s->sq_depth;
+        s->sq_tail = sdp_next(s->sq_tail, s->sq_depth);
         s->sq_used--;
     }
 }

@@ -841,7 +841,7 @@ ssize_t rs_sdp_z_read_src(struct rs_sdp_sock *s, uint8_t *buf, size_t len, bool 
     s->stats.zcopy_read_bytes += n;
     s->owed_rd_compl += n;
     if (s->psrc.consumed == s->psrc.len) {
-        s->rxq_head = (s->rxq_head + 1) % s->rxq_cap;
+        s->rxq_head = sdp_next(s->rxq_head, s->rxq_cap);
         s->rxq_count--;
         s->psrc.active = false;
         s->psrc.send_sm_sent = true;    /* nothing left to answer: a crossing cancel is ignored */

@@ -337,10 +337,10 @@ void rs_v_cq_overflowed(struct rs_v_cq *cq)
     pthread_mutex_unlock(&dev->lock);
 }
 
-/* The slot's sequence number, from its index and the queue's tail (at most `size` outstanding). */
+/* The slot's sequence number, from its index and the queue's tail (at most mask + 1 outstanding). */
 static uint32_t slot_seq(const struct rs_v_wq *wq, uint32_t index, uint32_t tail)
 {
-    return tail + ((index + wq->size - tail % wq->size) % wq->size);
+    return tail + ((index - tail) & wq->mask);
 }
 
 /*

@@ -348,15 +348,19 @@ static int validate_attr(struct rs_v_dev *dev, const struct rs_rnic_qp_attr *att
 
 static int wq_init(struct rs_v_wq *wq, struct rs_v_qp *qp, uint32_t size, uint8_t opcode)
 {
-    wq->slots = calloc(size, sizeof(*wq->slots));
+    uint32_t slots = 1;
+    while (slots < size)
+        slots <<= 1;
+    wq->slots = calloc(slots, sizeof(*wq->slots));
     if (!wq->slots)
         return -ENOMEM;
-    for (uint32_t i = 0; i < size; i++) {
+    for (uint32_t i = 0; i < slots; i++) {
         wq->slots[i].qp = qp;
         wq->slots[i].index = i;
         wq->slots[i].opcode = opcode;
     }
     wq->size = size;
+    wq->mask = slots - 1;
     atomic_init(&wq->head, 0);
     atomic_init(&wq->tail, 0);
     return 0;
@@ -442,7 +446,7 @@ static int post_internal_write(struct rs_v_qp *qp, uint32_t local_off, uint32_t 
     uint32_t tail = atomic_load_explicit(&qp->sq.tail, memory_order_acquire);
     if (head - tail >= qp->sq.size)
         return -ENOMEM;
-    struct rs_v_slot *slot = &qp->sq.slots[head % qp->sq.size];
+    struct rs_v_slot *slot = &qp->sq.slots[head & qp->sq.mask];
     slot->wr_id = 0;
     slot->opcode = RS_WC_RDMA_WRITE;
     slot->internal = 1;
@@ -627,7 +631,7 @@ static int post_internal_marker(struct rs_v_qp *qp)
     uint32_t tail = atomic_load_explicit(&qp->sq.tail, memory_order_acquire);
     if (head - tail >= qp->sq.size)
         return -ENOMEM;
-    struct rs_v_slot *slot = &qp->sq.slots[head % qp->sq.size];
+    struct rs_v_slot *slot = &qp->sq.slots[head & qp->sq.mask];
     slot->wr_id = 0;
     slot->opcode = RS_WC_RDMA_WRITE;
     slot->internal = 1;
@@ -1103,7 +1107,7 @@ static int rc_post_one_send(struct rs_v_qp *qp, struct rs_rnic_send_wr *wr, stru
         *bad_wr = wr;
         return r;
     }
-    struct rs_v_slot *slot = &qp->sq.slots[head % qp->sq.size];
+    struct rs_v_slot *slot = &qp->sq.slots[head & qp->sq.mask];
     slot->wr_id = wr->wr_id;
     slot->opcode = RS_WC_SEND;
     slot->internal = 0;
@@ -1154,7 +1158,7 @@ static int rc_post_send(struct rs_v_qp *qp, struct rs_rnic_send_wr *wr, struct r
             r = convert_send(qp, wr, &iw[n]);
             if (r)
                 break;
-            struct rs_v_slot *slot = &qp->sq.slots[(head + (uint32_t)n) % qp->sq.size];
+            struct rs_v_slot *slot = &qp->sq.slots[(head + (uint32_t)n) & qp->sq.mask];
             slot->wr_id = wr->wr_id;
             slot->opcode = (uint8_t)wc_opcode_of(wr->opcode);
             slot->internal = 0;
@@ -1208,7 +1212,7 @@ static int rc_post_recv(struct rs_v_qp *qp, struct rs_rnic_recv_wr *wr, struct r
                 r = -EINVAL;
                 break;
             }
-            struct rs_v_slot *slot = &qp->rq.slots[(head + (uint32_t)n) % qp->rq.size];
+            struct rs_v_slot *slot = &qp->rq.slots[(head + (uint32_t)n) & qp->rq.mask];
             slot->wr_id = wr->wr_id;
             iw[n] = (struct ibv_recv_wr){
                 .wr_id = (uint64_t)(uintptr_t)slot, .sg_list = (struct ibv_sge *)wr->sg_list,

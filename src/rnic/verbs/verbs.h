@@ -162,7 +162,9 @@ struct rs_v_slot {
 
 struct rs_v_wq {
     struct rs_v_slot *slots;
-    uint32_t size;
+    uint32_t size;                  /* requests the queue takes */
+    uint32_t mask;                  /* slots - 1: a power of two at least size, so a sequence number finds its slot
+                                     * by a mask (a division costs a helper call per request under TCG) */
     atomic_uint head;               /* posted (producer: the posting thread) */
     atomic_uint tail;               /* retired (consumer: the CQ poller) */
 };
