@@ -168,7 +168,8 @@ struct rs_stats_counters {
     uint64_t reserved[97];
 };
 
-/* One socket; all fields after seq are guarded by it. */
+/* One socket; all fields after seq are guarded by it, except the four I/O counters (bytes_tx to msgs_rx), which the
+ * data path adds to atomically without it. */
 struct rs_stats_socket {
     uint32_t seq;                           /* seqlock; odd while being written */
     uint32_t in_use;                        /* 0 = free slot */

@@ -511,10 +511,7 @@ int rs_stats_slot_acquire(int fd, enum rs_stats_proto proto)
     return -1;
 }
 
-/* rs_stats_slot_update's body, always inlined: where fn is a constant (the data path's write_io) the compiler
- * calls it directly, or inlines it, rather than through the pointer (under an emulated CPU an indirect call on
- * every data call costs a busy poller measurably). */
-static inline __attribute__((always_inline)) int slot_update(int slot, rs_stats_slot_writer fn, void *arg)
+int rs_stats_slot_update(int slot, rs_stats_slot_writer fn, void *arg)
 {
     struct rs_stats_socket *s = slot_at(slot);
     if (s == NULL || fn == NULL)
@@ -530,11 +527,6 @@ static inline __attribute__((always_inline)) int slot_update(int slot, rs_stats_
     }
     seq_write_end(&s->seq);
     return rc;
-}
-
-int rs_stats_slot_update(int slot, rs_stats_slot_writer fn, void *arg)
-{
-    return slot_update(slot, fn, arg);
 }
 
 static void write_release(struct rs_stats_socket *s, void *arg)
@@ -644,24 +636,33 @@ void rs_stats_slot_set_addresses(int slot, const struct sockaddr *local, socklen
         rs_stats_slot_update(slot, write_addresses, &update);
 }
 
-struct io_update {
-    uint64_t bytes_tx, bytes_rx, msgs_tx, msgs_rx;
-};
-
-static void write_io(struct rs_stats_socket *s, void *arg)
+/*
+ * A slot's I/O counters are added to atomically, outside its seqlock (include/rdmasock/stats.h): each is a counter
+ * of its own, and a data call then pays one locked add per counter instead of the seqlock's compare-and-swap,
+ * store and retry loop (a busy poller makes two such calls per round trip). A reader's snapshot may hold one
+ * counter of a call and not yet the other. The slot stays the caller's until it releases it, so no add lands in a
+ * slot somebody else took since.
+ */
+static inline __attribute__((always_inline)) void slot_add_io(int slot, uint64_t bytes_tx, uint64_t bytes_rx,
+                                                             uint64_t msgs_tx, uint64_t msgs_rx)
 {
-    const struct io_update *update = arg;
-    s->bytes_tx += update->bytes_tx;
-    s->bytes_rx += update->bytes_rx;
-    s->msgs_tx += update->msgs_tx;
-    s->msgs_rx += update->msgs_rx;
+    struct rs_stats_socket *s = slot_at(slot);
+    if (s == NULL || __atomic_load_n(&s->in_use, __ATOMIC_RELAXED) == 0)
+        return;
+    if (bytes_tx)
+        __atomic_fetch_add(&s->bytes_tx, bytes_tx, __ATOMIC_RELAXED);
+    if (bytes_rx)
+        __atomic_fetch_add(&s->bytes_rx, bytes_rx, __ATOMIC_RELAXED);
+    if (msgs_tx)
+        __atomic_fetch_add(&s->msgs_tx, msgs_tx, __ATOMIC_RELAXED);
+    if (msgs_rx)
+        __atomic_fetch_add(&s->msgs_rx, msgs_rx, __ATOMIC_RELAXED);
 }
 
 void rs_stats_slot_add_io(int slot, uint64_t bytes_tx, uint64_t bytes_rx,
                           uint64_t msgs_tx, uint64_t msgs_rx)
 {
-    struct io_update update = { bytes_tx, bytes_rx, msgs_tx, msgs_rx };
-    slot_update(slot, write_io, &update);
+    slot_add_io(slot, bytes_tx, bytes_rx, msgs_tx, msgs_rx);
 }
 
 void rs_stats_add_io(int slot, enum rs_stats_proto proto, uint64_t bytes, bool sent)
@@ -669,8 +670,10 @@ void rs_stats_add_io(int slot, enum rs_stats_proto proto, uint64_t bytes, bool s
     struct rs_stats_counters *c = &rs_stats_get()->counters;
     __atomic_fetch_add(sent ? &c->rdma_bytes_tx[proto] : &c->rdma_bytes_rx[proto], bytes, __ATOMIC_RELAXED);
     __atomic_fetch_add(sent ? &c->rdma_msgs_tx[proto] : &c->rdma_msgs_rx[proto], 1, __ATOMIC_RELAXED);
-    struct io_update update = sent ? (struct io_update){ bytes, 0, 1, 0 } : (struct io_update){ 0, bytes, 0, 1 };
-    slot_update(slot, write_io, &update);
+    if (sent)
+        slot_add_io(slot, bytes, 0, 1, 0);
+    else
+        slot_add_io(slot, 0, bytes, 0, 1);
 }
 
 /* ---- names ---- */
