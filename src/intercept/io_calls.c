@@ -45,6 +45,7 @@ struct io_target {
 struct io_cache_entry {
     struct rs_isock *s;
     struct rs_sdp_sock *sdp;
+    pid_t pid;                      /* the process that took the references */
 };
 static __thread struct {
     struct io_cache_entry way[IO_CACHE_WAYS];
@@ -64,10 +65,13 @@ static void io_cache_mark(unsigned busy)
 
 static void io_cache_drop(struct io_cache_entry e)
 {
-    if (e.s) {
+    if (!e.s)
+        return;
+    /* A child after fork leaves its parent's SDP side alone, as isock_destroy does: its RNIC state is the
+     * parent's. */
+    if (e.pid == rs_self_pid())
         rs_sdp_release(e.sdp);
-        rs_isock_put(e.s);
-    }
+    rs_isock_put(e.s);
 }
 
 static void io_cache_thread_exit(void *unused)
@@ -130,7 +134,7 @@ static bool io_cache_fill(struct io_target *t)
     struct io_cache_entry *e = &io_cache.way[(unsigned)t->fd % IO_CACHE_WAYS];
     struct io_cache_entry old = *e;
     rs_sdp_hold(t->sdp);
-    *e = (struct io_cache_entry){ t->s, t->sdp };
+    *e = (struct io_cache_entry){ t->s, t->sdp, rs_self_pid() };
     io_cache_mark(0);
     io_cache_drop(old);
     return true;
