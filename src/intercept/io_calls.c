@@ -36,7 +36,8 @@ struct io_target {
  * has that SDP side, owned by this process, and goes ahead with no lock, no reference and no atomic instruction:
  * the slot lock, two reference counts and the in-flight count were about a tenth of a busy poller's round trip over
  * rxe. The entry's references keep the two objects' memory and nothing more: a close still closes at once (the
- * count of names decides that); the memory goes when the entry is replaced or the thread exits.
+ * count of names decides that); the memory goes when the closing thread drops its entry (rs_io_cache_forget), or
+ * else when the entry is replaced or the thread exits.
  *
  * Signal handlers: a call that uses or changes the cache marks it busy first, and a call nested in a handler that
  * finds it busy takes the locked path, so an entry never changes under the call that uses it.
@@ -85,6 +86,21 @@ static void io_cache_thread_exit(void *unused)
     io_cache_mark(0);
     for (unsigned i = 0; i < IO_CACHE_WAYS; i++)
         io_cache_drop(old[i]);
+}
+
+void rs_io_cache_forget(const struct rs_isock *s)
+{
+    if (io_cache.busy)
+        return;                 /* a close in a signal handler, over a cached call: the entry stays as it is */
+    for (unsigned i = 0; i < IO_CACHE_WAYS; i++) {
+        if (io_cache.way[i].s != s)
+            continue;
+        io_cache_mark(1);
+        struct io_cache_entry old = io_cache.way[i];
+        io_cache.way[i] = (struct io_cache_entry){ 0 };
+        io_cache_mark(0);
+        io_cache_drop(old);
+    }
 }
 
 static void io_cache_key_create(void) { io_cache_key_ok = pthread_key_create(&io_cache_key, io_cache_thread_exit) == 0; }

@@ -139,6 +139,9 @@ bool rs_isock_untrack_if_kernel(struct rs_isock *s, int fd);
 
 /* Closes the application's last name of s: the SDP/datagram side closes as a kernel socket would. */
 int rs_isock_last_close(struct rs_isock *s);
+/* The calling thread lets go of s if its data calls' cache holds it (io_calls.c): closed by the thread that used it
+ * last, a connection's memory goes at once rather than when the entry is next replaced. */
+void rs_io_cache_forget(const struct rs_isock *s);
 
 /* Stream path changes (isock.c) */
 int rs_isock_listen(struct rs_isock *s, int fd, int backlog);

@@ -170,8 +170,10 @@ static int forget_fd(int fd)
     int r = 0;
     if (obj->type == RS_FD_SOCK) {
         struct rs_isock *s = (struct rs_isock *)obj;
-        if (__atomic_sub_fetch(&s->nfds, 1, __ATOMIC_ACQ_REL) == 0)
+        if (__atomic_sub_fetch(&s->nfds, 1, __ATOMIC_ACQ_REL) == 0) {
             r = rs_isock_last_close(s);
+            rs_io_cache_forget(s);
+        }
     }
     rs_fd_obj_put(obj);
     return r;

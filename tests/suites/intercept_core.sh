@@ -106,4 +106,39 @@ pids+=("$!")
 wait_line "$scratch/plain2.out" listening
 tap_check "rdma-only rule: connect refused, no fallback" \
     env RDMASOCK_CONF="$scratch/rdma.conf" LD_PRELOAD="$RS_LIB" timeout 20 "$bin" client 127.0.0.1 "$port" refused
+
+# 10. A connection closed by the thread that moved its data lets go at once: its statistics slot is gone while the
+#     process lives on (the thread's cache of connections, io_calls.c, drops it on close).
+port=$((base + 35))
+timeout 30 env RDMASOCK_CONF="$scratch/both.conf" LD_PRELOAD="$RS_LIB" "$bin" serve "$port" 1 > "$scratch/serve10.out" 2>&1 &
+pids+=("$!")
+wait_line "$scratch/serve10.out" listening
+timeout 20 env RDMASOCK_CONF="$scratch/both.conf" LD_PRELOAD="$RS_LIB" python3 -c "
+import socket, time
+s = socket.create_connection(('127.0.0.1', $port))
+for i in range(5):
+    s.sendall(bytes([i]) * 64)
+    d = b''
+    while len(d) < 64:
+        d += s.recv(64 - len(d))
+    assert d == bytes([i]) * 64, d
+s.close()
+print('closed', flush=True)
+time.sleep(3)
+" > "$scratch/close10.out" 2>&1 &
+client=$!; pids+=("$client")
+if wait_line "$scratch/close10.out" closed; then
+    json=$(stat_json "$(child_of "$client")")
+    if python3 - "$json" <<'EOF'
+import json, sys
+area = json.loads(sys.argv[1])
+assert area["counters"]["rdma_bytes_rx"]["tcp"] == 320, area["counters"]
+assert not [s for s in area["sockets"] if s["proto"] == "tcp"], area["sockets"]
+EOF
+    then tap_ok "a connection closed by the thread that used it leaves no socket behind (320 bytes echoed over SDP)"
+    else tap_fail "a connection closed by the thread that used it leaves no socket behind" "$json"; fi
+else
+    tap_fail "a connection closed by the thread that used it leaves no socket behind" "$(cat "$scratch/close10.out")"
+fi
+wait "$client" 2>/dev/null
 tap_done_plan
