@@ -114,23 +114,31 @@ static inline __attribute__((always_inline)) bool io_cache_valid(int fd, const s
            !__atomic_load_n(&s->connecting, __ATOMIC_ACQUIRE);
 }
 
-/* The cached connection of fd, when it still is what fd names and this process's SDP connection. */
-static inline __attribute__((always_inline)) bool target_cached(int fd, struct io_target *t)
+/* fd's cache entry, still its connection, with the cache marked busy (io_cache_mark(0) ends the use); or NULL. */
+static inline __attribute__((always_inline)) const struct io_cache_entry *io_cache_take(int fd)
 {
-    struct io_cache_entry *e = &io_cache.way[(unsigned)fd % IO_CACHE_WAYS];
+    const struct io_cache_entry *e = &io_cache.way[(unsigned)fd % IO_CACHE_WAYS];
     struct rs_isock *s = e->s;
     /* Another fd (a verbs doorbell's write(2), say) leaves at the first test. */
     if (!s || rs_fd_peek(fd) != &s->obj || io_cache.busy)
-        return false;
+        return NULL;
     io_cache_mark(1);
     /* Again: a handler that ran before busy was set may have changed the entry (the comparison above needed no
      * reference: it only told the fd's object apart by its address). */
-    if (io_cache_valid(fd, e, s)) {
-        *t = (struct io_target){ .s = s, .sdp = e->sdp, .cached = true, .fd = fd };
-        return true;
-    }
+    if (io_cache_valid(fd, e, s))
+        return e;
     io_cache_mark(0);
-    return false;
+    return NULL;
+}
+
+/* The cached connection of fd, when it still is what fd names and this process's SDP connection. */
+static inline __attribute__((always_inline)) bool target_cached(int fd, struct io_target *t)
+{
+    const struct io_cache_entry *e = io_cache_take(fd);
+    if (!e)
+        return false;
+    *t = (struct io_target){ .s = e->s, .sdp = e->sdp, .cached = true, .fd = fd };
+    return true;
 }
 
 /* After a call that found fd's connection the locked way (before it ends its in-flight count): the call's
@@ -236,15 +244,12 @@ static inline __attribute__((always_inline)) bool io_short(int fd, void *buf, si
 {
     if (len == 0 || len > (sending ? RS_SDP_SHORT_SEND_MAX : RS_SDP_SHORT_RECV_MAX))
         return false;
-    struct io_cache_entry *e = &io_cache.way[(unsigned)fd % IO_CACHE_WAYS];
-    struct rs_isock *s = e->s;
-    if (!s || rs_fd_peek(fd) != &s->obj || io_cache.busy)
+    const struct io_cache_entry *e = io_cache_take(fd);
+    if (!e)
         return false;
-    io_cache_mark(1);
-    bool done = io_cache_valid(fd, e, s) &&
-                (sending ? rs_sdp_send_fast(e->sdp, buf, len, flags, r) : rs_sdp_recv_fast(e->sdp, buf, len, flags, r));
+    bool done = sending ? rs_sdp_send_fast(e->sdp, buf, len, flags, r) : rs_sdp_recv_fast(e->sdp, buf, len, flags, r);
     if (done && *r > 0)
-        rs_isock_set_stats_io(s, (size_t)*r, sending);
+        rs_isock_set_stats_io(e->s, (size_t)*r, sending);
     io_cache_mark(0);
     return done;
 }
