@@ -676,6 +676,21 @@ void rs_stats_add_io(int slot, enum rs_stats_proto proto, uint64_t bytes, bool s
         slot_add_io(slot, 0, bytes, 0, 1);
 }
 
+void rs_stats_add_io_batch(int slot, enum rs_stats_proto proto, uint64_t bytes_tx, uint64_t bytes_rx,
+                           uint64_t msgs_tx, uint64_t msgs_rx)
+{
+    struct rs_stats_counters *c = &rs_stats_get()->counters;
+    if (msgs_tx) {
+        __atomic_fetch_add(&c->rdma_bytes_tx[proto], bytes_tx, __ATOMIC_RELAXED);
+        __atomic_fetch_add(&c->rdma_msgs_tx[proto], msgs_tx, __ATOMIC_RELAXED);
+    }
+    if (msgs_rx) {
+        __atomic_fetch_add(&c->rdma_bytes_rx[proto], bytes_rx, __ATOMIC_RELAXED);
+        __atomic_fetch_add(&c->rdma_msgs_rx[proto], msgs_rx, __ATOMIC_RELAXED);
+    }
+    slot_add_io(slot, bytes_tx, bytes_rx, msgs_tx, msgs_rx);
+}
+
 /* ---- names ---- */
 
 static const char *const reason_names[RS_REASON_COUNT] = {

@@ -102,6 +102,9 @@ void rs_stats_slot_add_io(int slot, uint64_t bytes_tx, uint64_t bytes_rx,
 /* One data call that moved bytes over RDMA, sent or received: the process counters (rdma_bytes_* and
  * rdma_msgs_* of proto) and, when slot >= 0, the socket's slot, in one pass (every data call ends here). */
 void rs_stats_add_io(int slot, enum rs_stats_proto proto, uint64_t bytes, bool sent);
+/* Several data calls at once (a thread's batch of short calls, io_calls.c): the same counters. */
+void rs_stats_add_io_batch(int slot, enum rs_stats_proto proto, uint64_t bytes_tx, uint64_t bytes_rx,
+                           uint64_t msgs_tx, uint64_t msgs_rx);
 
 /* Unlinks this process's object (registered with atexit). The mapping
  * stays valid because other threads may still be updating it. */

@@ -24,7 +24,7 @@ int rs_thread_start(pthread_t *out, void *(*fn)(void *), void *arg, bool detache
  */
 pid_t rs_self_pid_slow(void);
 extern pid_t rs_cached_pid_;   /* 0 until first asked, and again around fork */
-static inline pid_t rs_self_pid(void)
+static inline __attribute__((always_inline)) pid_t rs_self_pid(void)
 {
     pid_t pid = __atomic_load_n(&rs_cached_pid_, __ATOMIC_RELAXED);
     return pid > 0 ? pid : rs_self_pid_slow();

@@ -43,10 +43,21 @@ struct io_target {
  * finds it busy takes the locked path, so an entry never changes under the call that uses it.
  */
 #define IO_CACHE_WAYS 4u
+/*
+ * The short calls' statistics (io_short) gather in the entry and go to the shared counters every IO_STATS_BATCH
+ * calls and when the entry is dropped: four locked adds per call were as much as 150 instructions of a busy
+ * poller's round trip under TCG. So `rdmasock stat` may show up to IO_STATS_BATCH - 1 small transfers per thread
+ * and connection late while the connection is open; a connection's counts are complete once the thread that used
+ * it closes it, replaces it in its cache or exits (docs/sdp.md, "A thread's connections").
+ */
+#define IO_STATS_BATCH 16u
 struct io_cache_entry {
     struct rs_isock *s;
     struct rs_sdp_sock *sdp;
     pid_t pid;                      /* the process that took the references */
+    uint32_t calls;                 /* short calls counted below, not yet in the shared counters */
+    uint32_t msgs_tx, msgs_rx;
+    uint64_t bytes_tx, bytes_rx;
 };
 static __thread struct {
     struct io_cache_entry way[IO_CACHE_WAYS];
@@ -57,11 +68,19 @@ static pthread_key_t io_cache_key;
 static pthread_once_t io_cache_once = PTHREAD_ONCE_INIT;
 static bool io_cache_key_ok;
 
-static void io_cache_mark(unsigned busy)
+static RS_ALWAYS_INLINE void io_cache_mark(unsigned busy)
 {
     __atomic_signal_fence(__ATOMIC_SEQ_CST);
     io_cache.busy = busy;
     __atomic_signal_fence(__ATOMIC_SEQ_CST);
+}
+
+/* The entry's gathered counts into the shared statistics (its reference keeps the socket's slot). */
+static void io_cache_flush_stats(struct io_cache_entry *e)
+{
+    rs_stats_add_io_batch(e->s->stats_slot, RS_STATS_PROTO_TCP, e->bytes_tx, e->bytes_rx, e->msgs_tx, e->msgs_rx);
+    e->calls = e->msgs_tx = e->msgs_rx = 0;
+    e->bytes_tx = e->bytes_rx = 0;
 }
 
 static void io_cache_drop(struct io_cache_entry e)
@@ -69,9 +88,12 @@ static void io_cache_drop(struct io_cache_entry e)
     if (!e.s)
         return;
     /* A child after fork leaves its parent's SDP side alone, as isock_destroy does: its RNIC state is the
-     * parent's. */
-    if (e.pid == rs_self_pid())
+     * parent's, and so are the counts gathered before the fork. */
+    if (e.pid == rs_self_pid()) {
+        if (e.calls)
+            io_cache_flush_stats(&e);
         rs_sdp_release(e.sdp);
+    }
     rs_isock_put(e.s);
 }
 
@@ -115,17 +137,15 @@ static inline __attribute__((always_inline)) bool io_cache_valid(int fd, const s
 }
 
 /* fd's cache entry, still its connection, with the cache marked busy (io_cache_mark(0) ends the use); or NULL. */
-static inline __attribute__((always_inline)) const struct io_cache_entry *io_cache_take(int fd)
+static inline __attribute__((always_inline)) struct io_cache_entry *io_cache_take(int fd)
 {
-    const struct io_cache_entry *e = &io_cache.way[(unsigned)fd % IO_CACHE_WAYS];
-    struct rs_isock *s = e->s;
-    /* Another fd (a verbs doorbell's write(2), say) leaves at the first test. */
-    if (!s || rs_fd_peek(fd) != &s->obj || io_cache.busy)
+    struct io_cache_entry *e = &io_cache.way[(unsigned)fd % IO_CACHE_WAYS];
+    if (!e->s || io_cache.busy)
         return NULL;
     io_cache_mark(1);
-    /* Again: a handler that ran before busy was set may have changed the entry (the comparison above needed no
-     * reference: it only told the fd's object apart by its address). */
-    if (io_cache_valid(fd, e, s))
+    /* Read once busy: a handler that ran before could have changed the entry, none can now. */
+    struct rs_isock *s = e->s;
+    if (s && io_cache_valid(fd, e, s))
         return e;
     io_cache_mark(0);
     return NULL;
@@ -158,7 +178,7 @@ static bool io_cache_fill(struct io_target *t)
     struct io_cache_entry *e = &io_cache.way[(unsigned)t->fd % IO_CACHE_WAYS];
     struct io_cache_entry old = *e;
     rs_sdp_hold(t->sdp);
-    *e = (struct io_cache_entry){ t->s, t->sdp, rs_self_pid() };
+    *e = (struct io_cache_entry){ .s = t->s, .sdp = t->sdp, .pid = rs_self_pid() };
     io_cache_mark(0);
     io_cache_drop(old);
     return true;
@@ -244,12 +264,21 @@ static inline __attribute__((always_inline)) bool io_short(int fd, void *buf, si
 {
     if (len == 0 || len > (sending ? RS_SDP_SHORT_SEND_MAX : RS_SDP_SHORT_RECV_MAX))
         return false;
-    const struct io_cache_entry *e = io_cache_take(fd);
+    struct io_cache_entry *e = io_cache_take(fd);
     if (!e)
         return false;
     bool done = sending ? rs_sdp_send_fast(e->sdp, buf, len, flags, r) : rs_sdp_recv_fast(e->sdp, buf, len, flags, r);
-    if (done && *r > 0)
-        rs_isock_set_stats_io(e->s, (size_t)*r, sending);
+    if (done && *r > 0) {
+        if (sending) {
+            e->msgs_tx++;
+            e->bytes_tx += (size_t)*r;
+        } else {
+            e->msgs_rx++;
+            e->bytes_rx += (size_t)*r;
+        }
+        if (++e->calls >= IO_STATS_BATCH)
+            io_cache_flush_stats(e);
+    }
     io_cache_mark(0);
     return done;
 }
@@ -471,13 +500,28 @@ RS_EXPORT ssize_t recvfrom(int fd, void *buf, size_t len, int flags, struct sock
             rdma_recv(&t, buf, len, flags, from, fromlen));
 }
 
+/* The general way of recv, read, send and write, out of line: their short path then saves and restores no more
+ * registers than it needs (a busy poller's every miss runs that prologue). */
+static RS_NOINLINE ssize_t recv_general(int fd, void *buf, size_t len, int flags)
+{
+    struct io_target t;
+    IO_CALL(fd, t, RS_REAL(recv)(fd, buf, len, flags), rdma_recv(&t, buf, len, flags, NULL, NULL));
+}
+
 RS_EXPORT ssize_t recv(int fd, void *buf, size_t len, int flags)
 {
     ssize_t r;
     if (io_short(fd, buf, len, flags, false, &r))
         return rs_ret(r);
+    return recv_general(fd, buf, len, flags);
+}
+
+static RS_NOINLINE ssize_t read_general(int fd, void *buf, size_t len)
+{
     struct io_target t;
-    IO_CALL(fd, t, RS_REAL(recv)(fd, buf, len, flags), rdma_recv(&t, buf, len, flags, NULL, NULL));
+    if (!rs_fd_any(RS_FD_SOCK))
+        return RS_REAL(read)(fd, buf, len);
+    IO_CALL(fd, t, RS_REAL(read)(fd, buf, len), rdma_recv(&t, buf, len, 0, NULL, NULL));
 }
 
 RS_EXPORT ssize_t read(int fd, void *buf, size_t len)
@@ -485,10 +529,7 @@ RS_EXPORT ssize_t read(int fd, void *buf, size_t len)
     ssize_t r;
     if (io_short(fd, buf, len, 0, false, &r))
         return rs_ret(r);
-    struct io_target t;
-    if (!rs_fd_any(RS_FD_SOCK))
-        return RS_REAL(read)(fd, buf, len);
-    IO_CALL(fd, t, RS_REAL(read)(fd, buf, len), rdma_recv(&t, buf, len, 0, NULL, NULL));
+    return read_general(fd, buf, len);
 }
 
 RS_EXPORT ssize_t readv(int fd, const struct iovec *iov, int iovcnt)
@@ -560,13 +601,24 @@ RS_EXPORT ssize_t sendto(int fd, const void *buf, size_t len, int flags, const s
     IO_CALL(fd, t, RS_REAL(sendto)(fd, buf, len, flags, to, tolen), rdma_send(&t, buf, len, flags, to, tolen));
 }
 
+static RS_NOINLINE ssize_t send_general(int fd, const void *buf, size_t len, int flags)
+{
+    struct io_target t;
+    IO_CALL(fd, t, RS_REAL(send)(fd, buf, len, flags), rdma_send(&t, buf, len, flags, NULL, 0));
+}
+
 RS_EXPORT ssize_t send(int fd, const void *buf, size_t len, int flags)
 {
     ssize_t r;
     if (io_short(fd, (void *)buf, len, flags, true, &r))
         return rs_ret(r);
+    return send_general(fd, buf, len, flags);
+}
+
+static RS_NOINLINE ssize_t write_general(int fd, const void *buf, size_t len)
+{
     struct io_target t;
-    IO_CALL(fd, t, RS_REAL(send)(fd, buf, len, flags), rdma_send(&t, buf, len, flags, NULL, 0));
+    IO_CALL(fd, t, RS_REAL(write)(fd, buf, len), rdma_send(&t, buf, len, 0, NULL, 0));
 }
 
 RS_EXPORT ssize_t write(int fd, const void *buf, size_t len)
@@ -574,11 +626,10 @@ RS_EXPORT ssize_t write(int fd, const void *buf, size_t len)
     ssize_t r;
     if (io_short(fd, (void *)buf, len, 0, true, &r))
         return rs_ret(r);
-    struct io_target t;
     /* Most writes are not to sockets of ours: a verbs provider's doorbell, on every send, is one. */
     if (!rs_fd_maybe(fd, RS_FD_SOCK))
         return RS_REAL(write)(fd, buf, len);
-    IO_CALL(fd, t, RS_REAL(write)(fd, buf, len), rdma_send(&t, buf, len, 0, NULL, 0));
+    return write_general(fd, buf, len);
 }
 
 RS_EXPORT ssize_t writev(int fd, const struct iovec *iov, int iovcnt)

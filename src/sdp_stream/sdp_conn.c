@@ -872,7 +872,7 @@ out:
 /* ---- CM events ---- */
 
 /* Hands each completion to the send or receive side; returns whether all of them succeeded. */
-static bool dispatch_completions(struct rs_sdp_sock *s, const struct rs_rnic_wc *wc, int n)
+static RS_ALWAYS_INLINE bool dispatch_completions(struct rs_sdp_sock *s, const struct rs_rnic_wc *wc, int n)
 {
     bool all_ok = true;
     for (int i = 0; i < n; i++) {
@@ -1677,6 +1677,7 @@ static bool post_ka_read(struct rs_sdp_sock *s)
 uint64_t rs_sdp_timers(struct rs_sdp_sock *s, uint64_t now)
 {
     uint64_t next = 0;
+    rs_sdp_stamps_settle(s, now);
     bool open = (s->state == SDP_ST_CONNECTED || s->state == SDP_ST_ACCEPTING) && !s->broken;
     if (open) {
         uint64_t hold = rs_sdp_tx_hold_deadline(s);

@@ -21,6 +21,26 @@
 
 #include "sdp_stream/sdp_int.h"
 
+/* A short receive's copy, without memcpy for a small one: a call through the PLT is an indirect jump and a return,
+ * each looked up at run time under TCG. The empty asm keeps the compiler from turning the loop back into memcpy. */
+static RS_ALWAYS_INLINE void copy_small(uint8_t *dst, const uint8_t *src, size_t n)
+{
+    if (n > 256) {
+        memcpy(dst, src, n);
+        return;
+    }
+    for (; n >= 8; n -= 8, dst += 8, src += 8) {
+        uint64_t w;
+        __builtin_memcpy(&w, src, 8);
+        __builtin_memcpy(dst, &w, 8);
+        __asm__("" : "+r"(dst));
+    }
+    for (; n > 0; n--) {
+        *dst++ = *src++;
+        __asm__("" : "+r"(dst));
+    }
+}
+
 /* Copies queued Data bytes into buf (lock held; the head is Data). Returns the bytes copied. */
 static size_t copy_queued(struct rs_sdp_sock *s, uint8_t *buf, size_t len)
 {
@@ -30,7 +50,7 @@ static size_t copy_queued(struct rs_sdp_sock *s, uint8_t *buf, size_t len)
         if (e->kind != SDP_RX_DATA)
             break;
         uint32_t n = e->len < len - done ? e->len : (uint32_t)(len - done);
-        memcpy(buf + done, s->rbuf_mem + (size_t)e->buf * s->rbuf_size + e->off, n);
+        copy_small(buf + done, s->rbuf_mem + (size_t)e->buf * s->rbuf_size + e->off, n);
         done += n;
         rs_sdp_rx_consume(s, n, true);
     }
@@ -42,7 +62,7 @@ static size_t copy_queued(struct rs_sdp_sock *s, uint8_t *buf, size_t len)
  * may owe the peer a credit update (a send just carried our credits); timers and readiness only when the socket
  * has some or somebody listens (each call and return on this path costs a busy poller under TCG). Unlocks.
  */
-static bool moved(struct rs_sdp_sock *s, size_t n, ssize_t *result, bool received)
+static RS_ALWAYS_INLINE bool moved(struct rs_sdp_sock *s, size_t n, ssize_t *result, bool received)
 {
     if (received)
         rs_sdp_credit_update_check(s);

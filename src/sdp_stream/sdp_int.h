@@ -19,6 +19,7 @@
 #include <sys/types.h>
 
 #include "rnic/rnic.h"
+#include "common/compiler.h"
 #include "common/lock.h"
 #include "sdp_stream/sdp.h"
 #include "sdp_stream/sdp_wire.h"
@@ -296,6 +297,9 @@ struct rs_sdp_sock {
 
     /* keepalive */
     uint64_t last_rx_ms, last_tx_ms;
+    /* Data moved while the CQ is the application's (cq_lazy) and its time not read yet: rs_sdp_stamps_settle
+     * gives it the time of the next timer run (sdp_tx.c rs_sdp_stamp). */
+    bool rx_stamp_due, tx_stamp_due;
     bool ka_read_out;
     uint64_t ka_probe_ms;           /* when the outstanding probe was posted */
     int ka_missed;
@@ -461,6 +465,9 @@ void rs_sdp_spin_learn_sleep(struct rs_sdp_sock *s, uint64_t slept_us);
 
 /* ---- sdp_sock.c ---- */
 uint64_t rs_sdp_now_ms(void);
+/* last_rx_ms / last_tx_ms of a message just received or sent (lock held), and the settling of deferred ones. */
+void rs_sdp_stamp(struct rs_sdp_sock *s, bool rx);
+void rs_sdp_stamps_settle(struct rs_sdp_sock *s, uint64_t now);
 uint64_t rs_sdp_now_us(void);
 void rs_sdp_get(struct rs_sdp_sock *s);
 void rs_sdp_put(struct rs_sdp_sock *s);
@@ -603,11 +610,35 @@ void rs_sdp_post_recv_buf(struct rs_sdp_sock *s, uint32_t idx);
 /* A buffer recv() emptied: reposted with others once rx_repost_batch have gathered (or the peer runs short). With
  * defer (the short path), it waits until SDP_REPOST_MAX have gathered instead: the short path's next miss reposts
  * them (sdp_fast.c), off the round trip of a busy poller. */
-void rs_sdp_rx_release_buf(struct rs_sdp_sock *s, uint32_t idx, bool defer);
 void rs_sdp_rx_repost_flush(struct rs_sdp_sock *s);
+static RS_ALWAYS_INLINE void rs_sdp_rx_release_buf(struct rs_sdp_sock *s, uint32_t idx, bool defer)
+{
+    if (s->rx_repost_batch <= 1 || !s->rx_repost) {
+        rs_sdp_post_recv_buf(s, idx);
+        return;
+    }
+    s->rx_repost[s->rx_repost_n++] = idx;
+    if (s->rx_repost_n >= (defer ? SDP_REPOST_MAX : s->rx_repost_batch))
+        rs_sdp_rx_repost_flush(s);
+}
+
 /* n bytes of the queue's head entry were read: advances it, and drops it with its buffer released once empty
- * (returns true then). */
-bool rs_sdp_rx_consume(struct rs_sdp_sock *s, uint32_t n, bool defer);
+ * (returns true then). Inline, as the release above: both run on every short receive. */
+static RS_ALWAYS_INLINE bool rs_sdp_rx_consume(struct rs_sdp_sock *s, uint32_t n, bool defer)
+{
+    struct sdp_rx_entry *e = &s->rxq[s->rxq_head];
+    e->off += n;
+    e->len -= n;
+    s->rx_bytes_queued -= n;
+    s->stats.bytes_received += n;
+    if (e->len != 0)
+        return false;
+    uint32_t buf = e->buf;
+    s->rxq_head = sdp_next(s->rxq_head, s->rxq_cap);
+    s->rxq_count--;
+    rs_sdp_rx_release_buf(s, buf, defer);
+    return true;
+}
 void rs_sdp_on_recv(struct rs_sdp_sock *s, const struct rs_rnic_wc *wc);
 void rs_sdp_rx_discard_all(struct rs_sdp_sock *s);
 

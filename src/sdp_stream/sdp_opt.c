@@ -255,6 +255,7 @@ static void fill_tcp_info(struct rs_sdp_sock *s, struct tcp_info *ti)
 {
     memset(ti, 0, sizeof(*ti));
     uint64_t now = rs_sdp_now_ms();
+    rs_sdp_stamps_settle(s, now);
     int32_t credits = rs_sdp_credits(s);
     ti->tcpi_state = tcp_state(s);
     ti->tcpi_ca_state = 0;

@@ -51,17 +51,6 @@ void rs_sdp_rx_repost_flush(struct rs_sdp_sock *s)
         s->rx_posted += (uint32_t)(bad - wr);
 }
 
-void rs_sdp_rx_release_buf(struct rs_sdp_sock *s, uint32_t idx, bool defer)
-{
-    if (s->rx_repost_batch <= 1 || !s->rx_repost) {
-        rs_sdp_post_recv_buf(s, idx);
-        return;
-    }
-    s->rx_repost[s->rx_repost_n++] = idx;
-    if (s->rx_repost_n >= (defer ? SDP_REPOST_MAX : s->rx_repost_batch))
-        rs_sdp_rx_repost_flush(s);
-}
-
 void rs_sdp_protocol_error(struct rs_sdp_sock *s, const char *what, uint32_t v)
 {
     RS_WARN("sdp: protocol error from the peer (%s %u): resetting the connection", what, v);
@@ -155,16 +144,17 @@ void rs_sdp_on_recv(struct rs_sdp_sock *s, const struct rs_rnic_wc *wc)
         s->nagle_wait = false;
         s->hold_since_ms = 0;
     }
-    s->last_rx_ms = rs_sdp_now_ms();
+    rs_sdp_stamp(s, true);
     s->stats.msgs_received++;
-    uint32_t payload = h.len - rs_sdp_hdr_len(h.mid);
+    /* Data's header length without the table lookup of rs_sdp_hdr_len (a switch: an indirect jump). */
+    uint32_t payload = h.len - (h.mid == RS_SDP_MID_DATA ? RS_SDP_BSDH_LEN : rs_sdp_hdr_len(h.mid));
     s->last_rx_pure = h.mid == RS_SDP_MID_DATA && payload == 0;
     /* A Data message also acknowledges; more credits may let queued data go. */
     s->dirty = true;
     RS_TRACE("sdp: got %s mseq %u ack %u bufs %u len %u", rs_sdp_mid_name(h.mid), h.mseq, h.mseq_ack, h.bufs, h.len);
 
-    switch (h.mid) {
-    case RS_SDP_MID_DATA:
+    /* Data by a plain test: the switch below is a jump table, an indirect jump looked up at run time under TCG. */
+    if (h.mid == RS_SDP_MID_DATA) {
         if (payload == 0) {
             rs_sdp_post_recv_buf(s, idx);
             return;
@@ -199,6 +189,8 @@ void rs_sdp_on_recv(struct rs_sdp_sock *s, const struct rs_rnic_wc *wc)
         rxq_push(s, SDP_RX_DATA, idx, data_off, payload);
         s->stats.data_msgs_received++;
         return;
+    }
+    switch (h.mid) {
     case RS_SDP_MID_DISCONN:
         rs_sdp_post_recv_buf(s, idx);
         rs_sdp_z_on_msg(s, &h, &avail, compl_len);
@@ -252,22 +244,6 @@ void rs_sdp_on_recv(struct rs_sdp_sock *s, const struct rs_rnic_wc *wc)
         rs_sdp_z_on_msg(s, &h, &avail, compl_len);
         return;
     }
-}
-
-bool rs_sdp_rx_consume(struct rs_sdp_sock *s, uint32_t n, bool defer)
-{
-    struct sdp_rx_entry *e = &s->rxq[s->rxq_head];
-    e->off += n;
-    e->len -= n;
-    s->rx_bytes_queued -= n;
-    s->stats.bytes_received += n;
-    if (e->len != 0)
-        return false;
-    uint32_t buf = e->buf;
-    s->rxq_head = sdp_next(s->rxq_head, s->rxq_cap);
-    s->rxq_count--;
-    rs_sdp_rx_release_buf(s, buf, defer);
-    return true;
 }
 
 /* ---- recv() ---- */

@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "rnic/verbs/verbs.h"
+#include "common/compiler.h"
 #include "common/fdutil.h"
 
 #define POLL_BATCH 16
@@ -347,7 +348,7 @@ static uint32_t slot_seq(const struct rs_v_wq *wq, uint32_t index, uint32_t tail
  * Turns one device completion into an rnic.h completion. Returns false when it is the provider's own and must
  * not be shown. Receive completions through an SRQ find their QP by number.
  */
-static bool convert(struct rs_v_cq *cq, const struct ibv_wc *w, struct rs_rnic_wc *out, struct cq_action *act)
+static RS_ALWAYS_INLINE bool convert(struct rs_v_cq *cq, const struct ibv_wc *w, struct rs_rnic_wc *out, struct cq_action *act)
 {
     struct rs_v_slot *slot = (struct rs_v_slot *)(uintptr_t)w->wr_id;
     struct rs_v_qp *qp = slot->qp;

@@ -13,6 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/compiler.h"
 #include "common/log.h"
 #include "rnic/verbs/verbs.h"
 
@@ -1090,7 +1091,7 @@ static int post_errno(int pr) { return pr > 0 ? -pr : -EINVAL; }
  * conversion left out. Under TCG the code a call runs also slows the kernel's doorbell work that follows it
  * (docs/results/sdp-verbs.md), so the common case gets a path of its own.
  */
-static int rc_post_one_send(struct rs_v_qp *qp, struct rs_rnic_send_wr *wr, struct rs_rnic_send_wr **bad_wr)
+static RS_ALWAYS_INLINE int rc_post_one_send(struct rs_v_qp *qp, struct rs_rnic_send_wr *wr, struct rs_rnic_send_wr **bad_wr)
 {
     uint32_t head = atomic_load_explicit(&qp->sq.head, memory_order_relaxed);
     uint32_t tail = atomic_load_explicit(&qp->sq.tail, memory_order_acquire);
@@ -1101,8 +1102,13 @@ static int rc_post_one_send(struct rs_v_qp *qp, struct rs_rnic_send_wr *wr, stru
         r = -ENOMEM;
     else if (wr->num_sge < 0 || (uint32_t)wr->num_sge > max_sge || (wr->num_sge && !wr->sg_list))
         r = -EINVAL;
-    else
+    else if (wr->num_sge == 1 && (wr->flags & RS_SEND_INLINE)) {
+        /* A stream's small message: one inline buffer (a SEND: no READ to refuse), send_flags without its loop. */
+        r = wr->sg_list[0].length > qp->max_inline ? -EINVAL : 0;
+        flags = ibv_flags_of[wr->flags & 15u];
+    } else {
         r = send_flags(qp, wr, &flags);
+    }
     if (r) {
         *bad_wr = wr;
         return r;
@@ -1129,13 +1135,14 @@ static int rc_post_one_send(struct rs_v_qp *qp, struct rs_rnic_send_wr *wr, stru
     return 0;
 }
 
-static int rc_post_send(struct rs_v_qp *qp, struct rs_rnic_send_wr *wr, struct rs_rnic_send_wr **bad_wr)
+static RS_ALWAYS_INLINE int rc_post_send(struct rs_v_qp *qp, struct rs_rnic_send_wr *wr, struct rs_rnic_send_wr **bad_wr)
 {
-    if (rc_flushing(qp)) {
+    int state = atomic_load_explicit(&qp->state, memory_order_acquire);
+    if (state == RS_QPS_ERROR) {        /* rc_flushing */
         flush_sends(qp, wr);
         return 0;
     }
-    if (atomic_load(&qp->state) != RS_QPS_RTS && atomic_load(&qp->state) != RS_QPS_CLOSING) {
+    if (state != RS_QPS_RTS && state != RS_QPS_CLOSING) {
         *bad_wr = wr;
         return -EINVAL;
     }
@@ -1247,11 +1254,13 @@ int rs_v_post_send(struct rs_rnic_qp *base, struct rs_rnic_send_wr *wr, struct r
     if (!bad_wr)
         bad_wr = &dummy;
     *bad_wr = NULL;
-    if (qp->type == RS_QPT_UD)
-        return rs_v_ud_post_send(qp, wr, bad_wr);
-    if (qp->type == RS_QPT_XRC_TGT) {
-        *bad_wr = wr;
-        return -EINVAL;     /* a target has no send queue */
+    if (qp->type != RS_QPT_RC) {        /* RC first: a stream's every message */
+        if (qp->type == RS_QPT_UD)
+            return rs_v_ud_post_send(qp, wr, bad_wr);
+        if (qp->type == RS_QPT_XRC_TGT) {
+            *bad_wr = wr;
+            return -EINVAL;     /* a target has no send queue */
+        }
     }
     return rc_post_send(qp, wr, bad_wr);
 }
