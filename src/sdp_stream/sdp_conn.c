@@ -1269,12 +1269,6 @@ void rs_sdp_call_done(struct rs_sdp_sock *s)
 #define SDP_BUSY_WINDOW 8
 #define SDP_ABSENT_TICKS 2
 
-void rs_sdp_note_poll_miss(struct rs_sdp_sock *s)
-{
-    if (s->app_poll_misses < UINT_MAX)
-        s->app_poll_misses++;
-}
-
 /* An application thread waits for the socket's readiness through poll, select or epoll (see above). */
 static bool readiness_waited(const struct rs_sdp_sock *s)
 {

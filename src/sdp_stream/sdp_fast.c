@@ -29,10 +29,8 @@ static RS_ALWAYS_INLINE void copy_small(uint8_t *dst, const uint8_t *src, size_t
         memcpy(dst, src, n);
         return;
     }
-    for (; n >= 8; n -= 8, dst += 8, src += 8) {
-        uint64_t w;
-        __builtin_memcpy(&w, src, 8);
-        __builtin_memcpy(dst, &w, 8);
+    for (; n >= 16; n -= 16, dst += 16, src += 16) {
+        __builtin_memcpy(dst, src, 16);     /* one unaligned 16-byte load and store */
         __asm__("" : "+r"(dst));
     }
     for (; n > 0; n--) {

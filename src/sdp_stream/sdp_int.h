@@ -11,6 +11,7 @@
 #ifndef RS_SDP_STREAM_SDP_INT_H
 #define RS_SDP_STREAM_SDP_INT_H
 
+#include <limits.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -520,7 +521,11 @@ uint64_t rs_sdp_on_cm(struct rs_sdp_sock *s);
 uint64_t rs_sdp_on_timer(struct rs_sdp_sock *s);
 /* A nonblocking call on a connected socket found nothing to do (lock held): counts towards "an application
  * thread polls this socket", which lets the progress thread leave the CQ to it. */
-void rs_sdp_note_poll_miss(struct rs_sdp_sock *s);
+static inline void rs_sdp_note_poll_miss(struct rs_sdp_sock *s)
+{
+    if (s->app_poll_misses < UINT_MAX)
+        s->app_poll_misses++;
+}
 /* Processes CM events and completions, then pushes what became possible; lock held. */
 void rs_sdp_progress(struct rs_sdp_sock *s);
 /* The same at the top of a send or receive call's loop: the timers are evaluated only if the step found

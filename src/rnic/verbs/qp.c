@@ -1117,10 +1117,16 @@ static RS_ALWAYS_INLINE int rc_post_one_send(struct rs_v_qp *qp, struct rs_rnic_
     slot->wr_id = wr->wr_id;
     slot->opcode = RS_WC_SEND;
     slot->internal = 0;
-    struct ibv_send_wr iw = {
-        .wr_id = (uint64_t)(uintptr_t)slot, .sg_list = (struct ibv_sge *)wr->sg_list, .num_sge = wr->num_sge,
-        .opcode = IBV_WR_SEND, .send_flags = flags,
-    };
+    /* Only what a SEND on an RC QP is read for (providers read the union's other members for other opcodes and
+     * QP types only): zeroing the whole 128-byte request was a sixth of this function. */
+    struct ibv_send_wr iw;
+    iw.wr_id = (uint64_t)(uintptr_t)slot;
+    iw.next = NULL;
+    iw.sg_list = (struct ibv_sge *)wr->sg_list;
+    iw.num_sge = wr->num_sge;
+    iw.opcode = IBV_WR_SEND;
+    iw.send_flags = flags;
+    iw.imm_data = 0;
     if (wr->opcode == RS_WR_SEND_WITH_IMM) {
         iw.opcode = IBV_WR_SEND_WITH_IMM;
         iw.imm_data = htonl(wr->imm_data);

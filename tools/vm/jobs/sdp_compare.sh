@@ -114,6 +114,20 @@ for calls in default blocking; do
     done
 done
 
+# 2b. The busy-polled 64 B ping-pong again in interleaved rounds (RS_SDP_LAT_ROUNDS, default 12, of 5000 round
+#     trips): one rsockets run and one SDP run per round, which goes first alternating. This machine's noise is
+#     per run (both ends busy-poll on the VM's two vCPUs and rxe's kernel work must preempt one of them), so the
+#     report takes each round's ratio and their median (bench/sdp_verbs.sh).
+for round in $(seq 1 "${RS_SDP_LAT_ROUNDS:-12}"); do
+    order=(rsockets sdp)
+    (( round % 2 == 0 )) && order=(sdp rsockets)
+    for variant in "${order[@]}"; do
+        f=()
+        [[ $variant == sdp ]] && f=(-T s)
+        rstream_run "rstream_round${round}_lat_$variant" "$variant-round-$round" 64 1 5000 "${f[@]}"
+    done
+done
+
 # 3. The same 64 B ping-pong with rxe's ICRC on the generic crc32. With crc32-pclmul loaded (tools/vm/init), rxe
 #    checksums a payload of 79 bytes or more on the PCLMUL path, whose FPU save and restore is costly under TCG (on
 #    hardware the NIC computes the ICRC): it charges a 16-byte header on a 64 B message (80 on the wire) far more
