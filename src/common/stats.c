@@ -665,17 +665,6 @@ void rs_stats_slot_add_io(int slot, uint64_t bytes_tx, uint64_t bytes_rx,
     slot_add_io(slot, bytes_tx, bytes_rx, msgs_tx, msgs_rx);
 }
 
-void rs_stats_add_io(int slot, enum rs_stats_proto proto, uint64_t bytes, bool sent)
-{
-    struct rs_stats_counters *c = &rs_stats_get()->counters;
-    __atomic_fetch_add(sent ? &c->rdma_bytes_tx[proto] : &c->rdma_bytes_rx[proto], bytes, __ATOMIC_RELAXED);
-    __atomic_fetch_add(sent ? &c->rdma_msgs_tx[proto] : &c->rdma_msgs_rx[proto], 1, __ATOMIC_RELAXED);
-    if (sent)
-        slot_add_io(slot, bytes, 0, 1, 0);
-    else
-        slot_add_io(slot, 0, bytes, 0, 1);
-}
-
 void rs_stats_add_io_batch(int slot, enum rs_stats_proto proto, uint64_t bytes_tx, uint64_t bytes_rx,
                            uint64_t msgs_tx, uint64_t msgs_rx)
 {
@@ -689,6 +678,14 @@ void rs_stats_add_io_batch(int slot, enum rs_stats_proto proto, uint64_t bytes_t
         __atomic_fetch_add(&c->rdma_msgs_rx[proto], msgs_rx, __ATOMIC_RELAXED);
     }
     slot_add_io(slot, bytes_tx, bytes_rx, msgs_tx, msgs_rx);
+}
+
+void rs_stats_add_io(int slot, enum rs_stats_proto proto, uint64_t bytes, bool sent)
+{
+    if (sent)
+        rs_stats_add_io_batch(slot, proto, bytes, 0, 1, 0);
+    else
+        rs_stats_add_io_batch(slot, proto, 0, bytes, 0, 1);
 }
 
 /* ---- names ---- */

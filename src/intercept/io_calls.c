@@ -48,7 +48,7 @@ struct io_target {
  * calls and when the entry is dropped: four locked adds per call were as much as 150 instructions of a busy
  * poller's round trip under TCG. So `rdmasock stat` may show up to IO_STATS_BATCH - 1 small transfers per thread
  * and connection late while the connection is open; a connection's counts are complete once the thread that used
- * it closes it, replaces it in its cache or exits (docs/sdp.md, "A thread's connections").
+ * it closes it, replaces it in its cache or exits (docs/sdp.md, "No clock, no shared counters, few calls").
  */
 #define IO_STATS_BATCH 16u
 struct io_cache_entry {
