@@ -461,9 +461,9 @@ int main(int argc, char **argv)
                     v[k][r] = k >= k0 ? run_bw(k == 1, port[k], opt_sizes[i]) : 1;
             double t = median(v[0], opt_reps), s = median(v[1], opt_reps);
             if (k0)
-                printf("bw_mb_s,%zu,-,%.0f,-\n", opt_sizes[i], s);
+                printf("bw_mb_s,%zu,-,%.1f,-\n", opt_sizes[i], s);
             else
-                printf("bw_mb_s,%zu,%.0f,%.0f,%.2f\n", opt_sizes[i], t, s, s / t);
+                printf("bw_mb_s,%zu,%.1f,%.1f,%.2f\n", opt_sizes[i], t, s, s / t);
         }
     }
     for (int k = k0; k < 2; k++)

@@ -8,7 +8,7 @@
 
 /* A slot: the object pointer with bit 0 as the slot's lock (objects are at least 8-byte aligned). */
 typedef uintptr_t rs_slot;
-#define SLOT_LOCK ((uintptr_t)1)
+#define SLOT_LOCK RS_FD_SLOT_LOCK
 
 static rs_slot *pages[RS_FDTABLE_TOP];      /* each entry atomic; a page is never freed */
 static unsigned any_types;                  /* atomic bit set of enum rs_fd_type seen */
@@ -114,10 +114,9 @@ bool rs_fd_maybe(int fd, enum rs_fd_type type)
     return slot_maybe(fd, type) != NULL;
 }
 
-struct rs_fd_obj *rs_fd_peek(int fd)
+const uintptr_t *rs_fd_slot(int fd)
 {
-    rs_slot *slot = slot_find(fd);
-    return slot ? (struct rs_fd_obj *)(__atomic_load_n(slot, __ATOMIC_ACQUIRE) & ~SLOT_LOCK) : NULL;
+    return slot_find(fd);
 }
 
 struct rs_fd_obj *rs_fd_get_type(int fd, enum rs_fd_type type)

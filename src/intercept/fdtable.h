@@ -55,10 +55,20 @@ struct rs_fd_obj *rs_fd_set(int fd, struct rs_fd_obj *obj, int *err);
 /* Removes the entry of fd and returns its table reference (NULL: there was none). */
 struct rs_fd_obj *rs_fd_clear(int fd);
 
-/* The object fd names right now (NULL: none), for an identity test only: no reference is taken and no slot locked,
- * so the object may go at any moment. The caller compares it with an object it holds a reference on, and uses that
- * one (the data calls' per-thread cache, io_calls.c). */
-struct rs_fd_obj *rs_fd_peek(int fd);
+/* The word that holds fd's entry: bit 0 the slot's lock, the rest the object pointer (RS_FD_SLOT_LOCK). NULL when
+ * no fd in fd's range ever had an entry, or fd is out of range. Pages are never freed, so the address stays valid
+ * for the life of the process and a caller may keep it: the data calls' per-thread cache (io_calls.c) tests that its
+ * fd still names its socket with one load, where a lookup was a tenth of the cached call. */
+const uintptr_t *rs_fd_slot(int fd);
+#define RS_FD_SLOT_LOCK ((uintptr_t)1)
+
+/* The object a slot names right now (NULL: none), for an identity test only: no reference is taken and no slot
+ * locked, so the object may go at any moment. The caller compares it with an object it holds a reference on, and
+ * uses that one. */
+static inline struct rs_fd_obj *rs_fd_slot_peek(const uintptr_t *slot)
+{
+    return (struct rs_fd_obj *)(__atomic_load_n(slot, __ATOMIC_ACQUIRE) & ~RS_FD_SLOT_LOCK);
+}
 
 /* True when the process has ever had an entry of this type: a cheap test for fast paths that skip lookups. */
 bool rs_fd_any(enum rs_fd_type type);

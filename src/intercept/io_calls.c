@@ -54,6 +54,8 @@ struct io_target {
 struct io_cache_entry {
     struct rs_isock *s;
     struct rs_sdp_sock *sdp;
+    const uintptr_t *slot;          /* fd's word in the fd table (rs_fd_slot): still s while fd names s */
+    int fd;                         /* the fd the entry was made for (a way holds any fd with its remainder) */
     pid_t pid;                      /* the process that took the references */
     uint32_t calls;                 /* short calls counted below, not yet in the shared counters */
     uint32_t msgs_tx, msgs_rx;
@@ -131,7 +133,8 @@ static void io_cache_key_create(void) { io_cache_key_ok = pthread_key_create(&io
 static inline __attribute__((always_inline)) bool io_cache_valid(int fd, const struct io_cache_entry *e,
                                                                  const struct rs_isock *s)
 {
-    return e->s == s && rs_fd_peek(fd) == &s->obj && __atomic_load_n(&s->sdp, __ATOMIC_ACQUIRE) == e->sdp &&
+    return e->s == s && e->fd == fd && rs_fd_slot_peek(e->slot) == &s->obj &&
+           __atomic_load_n(&s->sdp, __ATOMIC_ACQUIRE) == e->sdp &&
            rs_isock_path_now((struct rs_isock *)s) == RS_IPATH_SDP && s->owner == rs_self_pid() &&
            !__atomic_load_n(&s->connecting, __ATOMIC_ACQUIRE);
 }
@@ -166,7 +169,8 @@ static inline __attribute__((always_inline)) bool target_cached(int fd, struct i
  * go of its own. */
 static bool io_cache_fill(struct io_target *t)
 {
-    if (io_cache.busy)
+    const uintptr_t *slot = rs_fd_slot(t->fd);
+    if (io_cache.busy || !slot)
         return false;
     if (!io_cache.registered) {
         pthread_once(&io_cache_once, io_cache_key_create);
@@ -178,7 +182,7 @@ static bool io_cache_fill(struct io_target *t)
     struct io_cache_entry *e = &io_cache.way[(unsigned)t->fd % IO_CACHE_WAYS];
     struct io_cache_entry old = *e;
     rs_sdp_hold(t->sdp);
-    *e = (struct io_cache_entry){ .s = t->s, .sdp = t->sdp, .pid = rs_self_pid() };
+    *e = (struct io_cache_entry){ .s = t->s, .sdp = t->sdp, .slot = slot, .fd = t->fd, .pid = rs_self_pid() };
     io_cache_mark(0);
     io_cache_drop(old);
     return true;
