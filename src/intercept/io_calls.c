@@ -55,7 +55,7 @@ struct io_cache_entry {
     struct rs_isock *s;
     struct rs_sdp_sock *sdp;
     const uintptr_t *slot;          /* fd's word in the fd table (rs_fd_slot): still s while fd names s */
-    int fd;                         /* the fd the entry was made for (a way holds any fd with its remainder) */
+    int fd;                         /* the fd the entry was made for (the way serves every fd with its remainder) */
     pid_t pid;                      /* the process that took the references */
     uint32_t calls;                 /* short calls counted below, not yet in the shared counters */
     uint32_t msgs_tx, msgs_rx;
@@ -133,7 +133,10 @@ static void io_cache_key_create(void) { io_cache_key_ok = pthread_key_create(&io
 static inline __attribute__((always_inline)) bool io_cache_valid(int fd, const struct io_cache_entry *e,
                                                                  const struct rs_isock *s)
 {
-    return e->s == s && e->fd == fd && rs_fd_slot_peek(e->slot) == &s->obj &&
+    /* The entry's own fd is tested with the slot it kept; another fd of the same remainder (a dup of the socket
+     * names it too) is looked up. */
+    const uintptr_t *slot = RS_LIKELY(e->fd == fd) ? e->slot : rs_fd_slot(fd);
+    return e->s == s && slot && rs_fd_slot_peek(slot) == &s->obj &&
            __atomic_load_n(&s->sdp, __ATOMIC_ACQUIRE) == e->sdp &&
            rs_isock_path_now((struct rs_isock *)s) == RS_IPATH_SDP && s->owner == rs_self_pid() &&
            !__atomic_load_n(&s->connecting, __ATOMIC_ACQUIRE);
