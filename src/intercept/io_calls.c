@@ -631,9 +631,10 @@ static RS_NOINLINE ssize_t write_general(int fd, const void *buf, size_t len)
 RS_EXPORT ssize_t write(int fd, const void *buf, size_t len)
 {
     ssize_t r;
-    if (io_short(fd, (void *)buf, len, 0, true, &r))
+    /* Most writes are not to sockets of ours: a verbs provider's doorbell, on every send, is one. So the short
+     * path only for the fd its cache way was made for, and the table's cheap test before anything else. */
+    if (io_cache.way[(unsigned)fd % IO_CACHE_WAYS].fd == fd && io_short(fd, (void *)buf, len, 0, true, &r))
         return rs_ret(r);
-    /* Most writes are not to sockets of ours: a verbs provider's doorbell, on every send, is one. */
     if (!rs_fd_maybe(fd, RS_FD_SOCK))
         return RS_REAL(write)(fd, buf, len);
     return write_general(fd, buf, len);

@@ -62,7 +62,7 @@ static size_t copy_queued(struct rs_sdp_sock *s, uint8_t *buf, size_t len)
  */
 static RS_ALWAYS_INLINE bool moved(struct rs_sdp_sock *s, size_t n, ssize_t *result, bool received)
 {
-    if (received)
+    if (received && !rs_sdp_credit_view_roomy(s))
         rs_sdp_credit_update_check(s);
     if (rs_sdp_steady_timed(s) || rs_sdp_steady_listened(s)) {
         s->dirty = true;
