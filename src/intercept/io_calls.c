@@ -129,6 +129,9 @@ void rs_io_cache_forget(const struct rs_isock *s)
 
 static void io_cache_key_create(void) { io_cache_key_ok = pthread_key_create(&io_cache_key, io_cache_thread_exit) == 0; }
 
+/* The way fd's entry lives in. */
+static RS_ALWAYS_INLINE struct io_cache_entry *io_cache_way(int fd) { return &io_cache.way[(unsigned)fd % IO_CACHE_WAYS]; }
+
 /* The cached entry of fd is still its connection (cache marked busy by the caller). */
 static inline __attribute__((always_inline)) bool io_cache_valid(int fd, const struct io_cache_entry *e,
                                                                  const struct rs_isock *s)
@@ -145,7 +148,7 @@ static inline __attribute__((always_inline)) bool io_cache_valid(int fd, const s
 /* fd's cache entry, still its connection, with the cache marked busy (io_cache_mark(0) ends the use); or NULL. */
 static inline __attribute__((always_inline)) struct io_cache_entry *io_cache_take(int fd)
 {
-    struct io_cache_entry *e = &io_cache.way[(unsigned)fd % IO_CACHE_WAYS];
+    struct io_cache_entry *e = io_cache_way(fd);
     if (!e->s || io_cache.busy)
         return NULL;
     io_cache_mark(1);
@@ -182,7 +185,7 @@ static bool io_cache_fill(struct io_target *t)
         io_cache.registered = true;
     }
     io_cache_mark(1);
-    struct io_cache_entry *e = &io_cache.way[(unsigned)t->fd % IO_CACHE_WAYS];
+    struct io_cache_entry *e = io_cache_way(t->fd);
     struct io_cache_entry old = *e;
     rs_sdp_hold(t->sdp);
     *e = (struct io_cache_entry){ .s = t->s, .sdp = t->sdp, .slot = slot, .fd = t->fd, .pid = rs_self_pid() };
@@ -633,7 +636,7 @@ RS_EXPORT ssize_t write(int fd, const void *buf, size_t len)
     ssize_t r;
     /* Most writes are not to sockets of ours: a verbs provider's doorbell, on every send, is one. So the short
      * path only for the fd its cache way was made for, and the table's cheap test before anything else. */
-    if (io_cache.way[(unsigned)fd % IO_CACHE_WAYS].fd == fd && io_short(fd, (void *)buf, len, 0, true, &r))
+    if (io_cache_way(fd)->fd == fd && io_short(fd, (void *)buf, len, 0, true, &r))
         return rs_ret(r);
     if (!rs_fd_maybe(fd, RS_FD_SOCK))
         return RS_REAL(write)(fd, buf, len);

@@ -612,9 +612,14 @@ void rs_sdp_credit_update_check(struct rs_sdp_sock *s);
  * The short path asks this first: in a ping-pong every answer carries our credits, the view stays high, and the
  * call, its state tests and its arithmetic were about 60 instructions of each received message.
  */
+/* What the peer believes its credits are (at most: it may have sent more that we have not seen yet). */
+static inline int32_t rs_sdp_peer_credit_view(const struct rs_sdp_sock *s)
+{
+    return (int32_t)(s->adv_ack + s->adv_bufs - s->rx_mseq_last);
+}
 static inline bool rs_sdp_credit_view_roomy(const struct rs_sdp_sock *s)
 {
-    int32_t view = (int32_t)(s->adv_ack + s->adv_bufs - s->rx_mseq_last);
+    int32_t view = rs_sdp_peer_credit_view(s);
     int32_t half = (int32_t)(s->nbufs / 2);
     return !s->ack_owed && view >= (half > 2 ? half : 2);
 }

@@ -401,8 +401,7 @@ void rs_sdp_credit_update_check(struct rs_sdp_sock *s)
     if ((s->state != SDP_ST_CONNECTED && s->state != SDP_ST_ACCEPTING) || s->broken || s->cm_gone ||
         !s->peer_rbuf_size)
         return;
-    /* What the peer believes its credits are (at most: it may have sent more that we have not seen yet). */
-    int32_t view = (int32_t)(s->adv_ack + s->adv_bufs - s->rx_mseq_last);
+    int32_t view = rs_sdp_peer_credit_view(s);
     /* Emptied buffers wait to be reposted together, unless the peer is getting short of credits. */
     if (s->rx_repost_n > 0 && view < (int32_t)(s->nbufs / 2))
         rs_sdp_rx_repost_flush(s);
