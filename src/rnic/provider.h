@@ -53,6 +53,9 @@ struct rs_rnic_ops {
     int (*qp_set_qos)(struct rs_rnic_qp *qp, const struct rs_rnic_qos *qos);
     int (*qp_set_error)(struct rs_rnic_qp *qp);
     int (*post_send)(struct rs_rnic_qp *qp, struct rs_rnic_send_wr *wr, struct rs_rnic_send_wr **bad_wr);
+    /* Optional (NULL: rnic.c makes the request and calls post_send): rs_rnic_post_send_inline. */
+    int (*post_send_inline)(struct rs_rnic_qp *qp, uint64_t wr_id, const struct rs_rnic_sge *sge, unsigned flags,
+                            bool with_imm, uint32_t imm_data);
     int (*post_recv)(struct rs_rnic_qp *qp, struct rs_rnic_recv_wr *wr, struct rs_rnic_recv_wr **bad_wr);
     int (*post_srq_recv)(struct rs_rnic_srq *srq, struct rs_rnic_recv_wr *wr, struct rs_rnic_recv_wr **bad_wr);
     int (*ud_bind)(struct rs_rnic_qp *qp, const struct sockaddr *local, socklen_t len);

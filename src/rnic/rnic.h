@@ -327,6 +327,14 @@ struct rs_rnic_recv_wr {
 
 /* Posts a chain; on error *bad_wr is the first request not posted and nothing after it was posted. */
 int rs_rnic_post_send(struct rs_rnic_qp *qp, struct rs_rnic_send_wr *wr, struct rs_rnic_send_wr **bad_wr);
+/*
+ * One SEND of one buffer, carried inline (SEND_WITH_IMM with imm_data when with_imm, on a QP created with
+ * imm_data): what a stream socket posts for each small message, without a request to fill in and check. flags:
+ * RS_SEND_SIGNALED, RS_SEND_SOLICITED (RS_SEND_INLINE is implied). The results are rs_rnic_post_send's for the same
+ * request (RS_WR_SEND or RS_WR_SEND_WITH_IMM, one sge, RS_SEND_INLINE), completion included.
+ */
+int rs_rnic_post_send_inline(struct rs_rnic_qp *qp, uint64_t wr_id, const struct rs_rnic_sge *sge, unsigned flags,
+                             bool with_imm, uint32_t imm_data);
 int rs_rnic_post_recv(struct rs_rnic_qp *qp, struct rs_rnic_recv_wr *wr, struct rs_rnic_recv_wr **bad_wr);
 int rs_rnic_post_srq_recv(struct rs_rnic_srq *srq, struct rs_rnic_recv_wr *wr, struct rs_rnic_recv_wr **bad_wr);
 

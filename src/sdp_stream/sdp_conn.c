@@ -1210,9 +1210,9 @@ int rs_sdp_progress_fast(struct rs_sdp_sock *s)
         rs_sdp_tx_push(s, false);
     else
         s->tx_stalled = false;
-    /* With data queued the caller copies it out and checks the credits after (sdp_fast.c moved()), with the
-     * emptied buffers counted: once is enough. */
-    if (s->rxq_count == 0 && !rs_sdp_credit_view_roomy(s))
+    /* With data queued or handed over the caller copies it out and checks the credits after (sdp_fast.c moved()),
+     * with the emptied buffers counted: once is enough. */
+    if (s->rxq_count == 0 && s->rx_direct_len == 0 && !rs_sdp_credit_view_roomy(s))
         rs_sdp_credit_update_check(s);
     s->dirty = false;
     if (rs_sdp_steady_listened(s))

@@ -75,6 +75,32 @@ static RS_ALWAYS_INLINE bool moved(struct rs_sdp_sock *s, size_t n, ssize_t *res
     return true;
 }
 
+/*
+ * The end of a short recv whose look at the CQ handed a message over directly: its bytes go first, then whatever
+ * the same look queued behind it. When the look left the socket needing the full step (found < 0), the bytes are
+ * still this call's to return; the step runs here, as the general path would have run it, before the lock goes.
+ */
+static bool take_direct(struct rs_sdp_sock *s, uint8_t *buf, size_t len, int found, ssize_t *result)
+{
+    uint32_t n = s->rx_direct_len;
+    s->rx_direct_len = 0;
+    copy_small(buf, s->rbuf_mem + (size_t)s->rx_direct_buf * s->rbuf_size, n);
+    s->stats.bytes_received += n;
+    rs_sdp_rx_release_buf(s, s->rx_direct_buf, true);
+    if (found < 0) {
+        rs_sdp_progress_poll(s);
+        s->dirty = true;
+        rs_sdp_call_done(s);
+        rs_unlock(&s->lock);
+        *result = (ssize_t)n;
+        return true;
+    }
+    size_t done = n;
+    if (s->rxq_count > 0 && done < len)
+        done += copy_queued(s, buf + done, len - done);
+    return moved(s, done, result, true);
+}
+
 bool rs_sdp_recv_fast(struct rs_sdp_sock *s, void *buf, size_t len, int flags, ssize_t *result)
 {
     /* Large copies drop the lock in the general path; PEEK, WAITALL, TRUNC, OOB and the error queue are its own. */
@@ -85,7 +111,13 @@ bool rs_sdp_recv_fast(struct rs_sdp_sock *s, void *buf, size_t len, int flags, s
     if (!rs_sdp_steady(s) || s->rx_busy || s->rcvlowat > 1)
         goto slow;
     if (s->rxq_count == 0) {
+        /* The first compact Data this look finds and that fits is handed over directly (on_compact_data): no
+         * queue entry to make and consume for the common message of a ping-pong. */
+        s->rx_direct_max = (uint32_t)len;      /* at most RS_SDP_SHORT_RECV_MAX */
         int found = rs_sdp_progress_fast(s);
+        s->rx_direct_max = 0;
+        if (s->rx_direct_len)
+            return take_direct(s, buf, len, found, result);
         if (found < 0)
             goto slow;
         if (s->rxq_count == 0) {

@@ -262,6 +262,10 @@ struct rs_sdp_sock {
     uint32_t rxq_cap, rxq_head, rxq_count;
     uint64_t rx_bytes_queued;       /* what recv can return without waiting (SrcAvail bytes included) */
     bool rx_busy;                   /* a receiver owns the queue head */
+    /* The short receive's direct hand-over (sdp_fast.c): while rx_direct_max is set (a short recv with the queue
+     * empty, for one look at the CQ under its lock), the first compact Data that fits it is left here rather than
+     * queued, and that recv copies it out before anything queued after it. Empty again before the lock is let go. */
+    uint32_t rx_direct_max, rx_direct_len, rx_direct_buf;
     uint32_t rx_mseq_last;          /* last mseq received and processed */
     uint32_t adv_bufs, adv_ack;     /* bufs and mseq_ack in the last message we sent */
     bool last_rx_pure;              /* the last message received was a pure credit update */

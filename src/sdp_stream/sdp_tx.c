@@ -226,25 +226,28 @@ int rs_sdp_post_data_inline(struct rs_sdp_sock *s, const void *buf, uint32_t len
     struct rs_sdp_bsdh h;
     uint32_t slot = start_msg(s, RS_SDP_MID_DATA, RS_SDP_BSDH_LEN + len, &h);
     uint8_t *hdr = s->hdr_mem + (size_t)slot * SDP_HDR_SLOT;
-    struct rs_rnic_sge sge[2] = {
-        { (uint64_t)(uintptr_t)hdr, RS_SDP_BSDH_LEN, s->hdr_mr->lkey },
-        { (uint64_t)(uintptr_t)buf, len, s->sbuf_mr->lkey },
-    };
     bool quiet = may_go_quiet(s, 0);
-    struct rs_rnic_send_wr wr = {
-        .wr_id = SDP_WR_SEND | slot, .opcode = RS_WR_SEND,
-        .flags = RS_SEND_SOLICITED | RS_SEND_INLINE | (quiet ? 0 : RS_SEND_SIGNALED), .sg_list = sge, .num_sge = 2,
-    };
-    bool compact = s->peer_imm && rs_sdp_imm_encode(&h, &wr.imm_data);
+    unsigned flags = RS_SEND_SOLICITED | (quiet ? 0 : RS_SEND_SIGNALED);
+    uint32_t imm;
+    bool compact = s->peer_imm && rs_sdp_imm_encode(&h, &imm);
+    int r;
     if (compact) {
-        wr.opcode = RS_WR_SEND_WITH_IMM;
-        wr.sg_list = &sge[1];
-        wr.num_sge = 1;
+        /* The payload alone, its header in the immediate data: the RNIC's one-buffer SEND, nothing to build. */
+        struct rs_rnic_sge sge = { (uint64_t)(uintptr_t)buf, len, s->sbuf_mr->lkey };
+        r = rs_rnic_post_send_inline(s->qp, SDP_WR_SEND | slot, &sge, flags, true, imm);
     } else {
         rs_sdp_bsdh_encode(&h, hdr);
+        struct rs_rnic_sge sge[2] = {
+            { (uint64_t)(uintptr_t)hdr, RS_SDP_BSDH_LEN, s->hdr_mr->lkey },
+            { (uint64_t)(uintptr_t)buf, len, s->sbuf_mr->lkey },
+        };
+        struct rs_rnic_send_wr wr = {
+            .wr_id = SDP_WR_SEND | slot, .opcode = RS_WR_SEND, .flags = flags | RS_SEND_INLINE, .sg_list = sge,
+            .num_sge = 2,
+        };
+        struct rs_rnic_send_wr *bad = NULL;
+        r = rs_rnic_post_send(s->qp, &wr, &bad);
     }
-    struct rs_rnic_send_wr *bad = NULL;
-    int r = rs_rnic_post_send(s->qp, &wr, &bad);
     if (r != 0) {
         s->slots[slot].done = true;
         return r;

@@ -46,6 +46,7 @@ const struct rs_rnic_ops rs_v_ops = {
     .qp_set_qos = rs_v_qp_set_qos,
     .qp_set_error = rs_v_qp_set_error,
     .post_send = rs_v_post_send,
+    .post_send_inline = rs_v_post_send_inline,
     .post_recv = rs_v_post_recv,
     .post_srq_recv = rs_v_post_srq_recv,
     .ud_bind = rs_v_ud_bind,

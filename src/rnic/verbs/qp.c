@@ -1089,18 +1089,46 @@ static int post_errno(int pr) { return pr > 0 ? -pr : -EINVAL; }
 /*
  * One SEND on an RC QP, what a stream socket posts for every small message: the batching loop and the general
  * conversion left out. Under TCG the code a call runs also slows the kernel's doorbell work that follows it
- * (docs/results/sdp-verbs.md), so the common case gets a path of its own.
+ * (docs/results/sdp-verbs.md), so the common case gets a path of its own. ibv_flags: the request's, converted;
+ * the caller checked the QP's state and type and the sges. Returns 0 or a negative errno.
  */
-static RS_ALWAYS_INLINE int rc_post_one_send(struct rs_v_qp *qp, struct rs_rnic_send_wr *wr, struct rs_rnic_send_wr **bad_wr)
+static RS_ALWAYS_INLINE int rc_post_send_core(struct rs_v_qp *qp, uint64_t wr_id, const struct rs_rnic_sge *sge,
+                                              int num_sge, unsigned ibv_flags, bool with_imm, uint32_t imm_data)
 {
     uint32_t head = atomic_load_explicit(&qp->sq.head, memory_order_relaxed);
     uint32_t tail = atomic_load_explicit(&qp->sq.tail, memory_order_acquire);
+    if (head - tail >= qp->max_send_wr + SQ_RESERVE / 2)
+        return -ENOMEM;
+    struct rs_v_slot *slot = &qp->sq.slots[head & qp->sq.mask];
+    slot->wr_id = wr_id;
+    slot->opcode = RS_WC_SEND;
+    slot->internal = 0;
+    /* Only what a SEND on an RC QP is read for (providers read the union's other members for other opcodes and
+     * QP types only): zeroing the whole 128-byte request was a sixth of this function. */
+    struct ibv_send_wr iw;
+    iw.wr_id = (uint64_t)(uintptr_t)slot;
+    iw.next = NULL;
+    iw.sg_list = (struct ibv_sge *)sge;
+    iw.num_sge = num_sge;
+    iw.opcode = IBV_WR_SEND;
+    iw.send_flags = ibv_flags;
+    iw.imm_data = 0;
+    if (with_imm) {
+        iw.opcode = IBV_WR_SEND_WITH_IMM;
+        iw.imm_data = htonl(imm_data);
+    }
+    struct ibv_send_wr *ibad = NULL;
+    int pr = ibv_post_send(qp->qp, &iw, &ibad);
+    wq_publish(&qp->sq, head, pr ? 0 : 1);
+    return pr ? post_errno(pr) : 0;
+}
+
+static RS_ALWAYS_INLINE int rc_post_one_send(struct rs_v_qp *qp, struct rs_rnic_send_wr *wr, struct rs_rnic_send_wr **bad_wr)
+{
     uint32_t max_sge = qp->max_send_sge ? qp->max_send_sge : 1;
     int r = 0;
     unsigned flags = 0;
-    if (head - tail >= qp->max_send_wr + SQ_RESERVE / 2)
-        r = -ENOMEM;
-    else if (wr->num_sge < 0 || (uint32_t)wr->num_sge > max_sge || (wr->num_sge && !wr->sg_list))
+    if (wr->num_sge < 0 || (uint32_t)wr->num_sge > max_sge || (wr->num_sge && !wr->sg_list))
         r = -EINVAL;
     else if (wr->num_sge == 1 && (wr->flags & RS_SEND_INLINE)) {
         /* A stream's small message: one inline buffer (a SEND: no READ to refuse), send_flags without its loop. */
@@ -1109,36 +1137,12 @@ static RS_ALWAYS_INLINE int rc_post_one_send(struct rs_v_qp *qp, struct rs_rnic_
     } else {
         r = send_flags(qp, wr, &flags);
     }
-    if (r) {
+    if (r == 0)
+        r = rc_post_send_core(qp, wr->wr_id, wr->sg_list, wr->num_sge, flags, wr->opcode == RS_WR_SEND_WITH_IMM,
+                              wr->imm_data);
+    if (r)
         *bad_wr = wr;
-        return r;
-    }
-    struct rs_v_slot *slot = &qp->sq.slots[head & qp->sq.mask];
-    slot->wr_id = wr->wr_id;
-    slot->opcode = RS_WC_SEND;
-    slot->internal = 0;
-    /* Only what a SEND on an RC QP is read for (providers read the union's other members for other opcodes and
-     * QP types only): zeroing the whole 128-byte request was a sixth of this function. */
-    struct ibv_send_wr iw;
-    iw.wr_id = (uint64_t)(uintptr_t)slot;
-    iw.next = NULL;
-    iw.sg_list = (struct ibv_sge *)wr->sg_list;
-    iw.num_sge = wr->num_sge;
-    iw.opcode = IBV_WR_SEND;
-    iw.send_flags = flags;
-    iw.imm_data = 0;
-    if (wr->opcode == RS_WR_SEND_WITH_IMM) {
-        iw.opcode = IBV_WR_SEND_WITH_IMM;
-        iw.imm_data = htonl(wr->imm_data);
-    }
-    struct ibv_send_wr *ibad = NULL;
-    int pr = ibv_post_send(qp->qp, &iw, &ibad);
-    wq_publish(&qp->sq, head, pr ? 0 : 1);
-    if (pr) {
-        *bad_wr = wr;
-        return post_errno(pr);
-    }
-    return 0;
+    return r;
 }
 
 static RS_ALWAYS_INLINE int rc_post_send(struct rs_v_qp *qp, struct rs_rnic_send_wr *wr, struct rs_rnic_send_wr **bad_wr)
@@ -1269,6 +1273,24 @@ int rs_v_post_send(struct rs_rnic_qp *base, struct rs_rnic_send_wr *wr, struct r
         }
     }
     return rc_post_send(qp, wr, bad_wr);
+}
+
+int rs_v_post_send_inline(struct rs_rnic_qp *base, uint64_t wr_id, const struct rs_rnic_sge *sge, unsigned flags,
+                          bool with_imm, uint32_t imm_data)
+{
+    struct rs_v_qp *qp = rs_v_qp(base);
+    int state = atomic_load_explicit(&qp->state, memory_order_acquire);
+    if (RS_LIKELY(qp->type == RS_QPT_RC && (state == RS_QPS_RTS || state == RS_QPS_CLOSING) &&
+                  (!with_imm || qp->imm_data) && sge->length <= qp->max_inline &&
+                  !(flags & ~(unsigned)(RS_SEND_SIGNALED | RS_SEND_SOLICITED))))
+        return rc_post_send_core(qp, wr_id, sge, 1, ibv_flags_of[(flags | RS_SEND_INLINE) & 15u], with_imm,
+                                 imm_data);
+    /* Anything else (a QP in ERROR flushes, other types, errors): as the request itself. */
+    struct rs_rnic_send_wr wr = {
+        .wr_id = wr_id, .opcode = with_imm ? RS_WR_SEND_WITH_IMM : RS_WR_SEND, .flags = flags | RS_SEND_INLINE,
+        .sg_list = (struct rs_rnic_sge *)sge, .num_sge = 1, .imm_data = imm_data,
+    };
+    return rs_v_post_send(base, &wr, NULL);
 }
 
 int rs_v_post_recv(struct rs_rnic_qp *base, struct rs_rnic_recv_wr *wr, struct rs_rnic_recv_wr **bad_wr)

@@ -399,6 +399,8 @@ uint32_t rs_v_qp_num(const struct rs_rnic_qp *qp);
 int rs_v_qp_set_qos(struct rs_rnic_qp *qp, const struct rs_rnic_qos *qos);
 int rs_v_qp_set_error(struct rs_rnic_qp *qp);
 int rs_v_post_send(struct rs_rnic_qp *qp, struct rs_rnic_send_wr *wr, struct rs_rnic_send_wr **bad_wr);
+int rs_v_post_send_inline(struct rs_rnic_qp *qp, uint64_t wr_id, const struct rs_rnic_sge *sge, unsigned flags,
+                          bool with_imm, uint32_t imm_data);
 int rs_v_post_recv(struct rs_rnic_qp *qp, struct rs_rnic_recv_wr *wr, struct rs_rnic_recv_wr **bad_wr);
 /* RC state changes driven by rdma_cm (attributes from rdma_init_qp_attr, our QoS and timeouts on top). */
 int rs_v_rc_to_init(struct rs_v_qp *qp, struct rdma_cm_id *id);
