@@ -668,6 +668,9 @@ static RS_ALWAYS_INLINE bool rs_sdp_rx_consume(struct rs_sdp_sock *s, uint32_t n
     return true;
 }
 void rs_sdp_on_recv(struct rs_sdp_sock *s, const struct rs_rnic_wc *wc);
+/* rs_sdp_on_recv for a socket known to be steady (the caller tested rs_sdp_steady under this hold of the lock and
+ * nothing since could change it): true when the completion was compact Data, which leaves it steady. */
+bool rs_sdp_on_recv_steady(struct rs_sdp_sock *s, const struct rs_rnic_wc *wc);
 void rs_sdp_rx_discard_all(struct rs_sdp_sock *s);
 
 /* ---- sdp_zcopy.c ---- */

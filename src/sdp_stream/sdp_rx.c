@@ -114,10 +114,11 @@ static RS_ALWAYS_INLINE void take_header(struct rs_sdp_sock *s, const struct rs_
  * state that is not steady, an acknowledgement out of range, a full queue) returns false before changing anything,
  * and rs_sdp_on_recv's full handling takes the same completion from the start.
  */
-static RS_ALWAYS_INLINE bool on_compact_data(struct rs_sdp_sock *s, const struct rs_rnic_wc *wc, uint32_t idx)
+static RS_ALWAYS_INLINE bool on_compact_data(struct rs_sdp_sock *s, const struct rs_rnic_wc *wc, uint32_t idx,
+                                             bool steady_known)
 {
     if (wc->status != RS_WC_SUCCESS || !s->imm_rx || wc->opcode != RS_WC_RECV || wc->byte_len == 0 ||
-        !rs_sdp_steady(s) || s->disconn_rcvd || s->rxq_count >= s->rxq_cap)
+        !(steady_known || rs_sdp_steady(s)) || s->disconn_rcvd || s->rxq_count >= s->rxq_cap)
         return false;
     struct rs_sdp_bsdh h;
     rs_sdp_imm_decode(wc->imm_data, wc->byte_len, s->rx_mseq_last + 1, s->tx_mseq_next - 1, &h);
@@ -139,15 +140,35 @@ static RS_ALWAYS_INLINE bool on_compact_data(struct rs_sdp_sock *s, const struct
     return true;
 }
 
-void rs_sdp_on_recv(struct rs_sdp_sock *s, const struct rs_rnic_wc *wc)
+static void on_recv_full(struct rs_sdp_sock *s, const struct rs_rnic_wc *wc, uint32_t idx);
+
+/* A receive completion; true when it was compact Data (steady_known: see rs_sdp_on_recv_steady). */
+static RS_ALWAYS_INLINE bool on_recv(struct rs_sdp_sock *s, const struct rs_rnic_wc *wc, bool steady_known)
 {
     uint32_t idx = (uint32_t)wc->wr_id;
     if (idx >= s->nbufs)
-        return;
+        return false;
     if (s->rx_posted > 0)
         s->rx_posted--;
-    if ((wc->flags & RS_WC_WITH_IMM) && on_compact_data(s, wc, idx))
-        return;
+    if ((wc->flags & RS_WC_WITH_IMM) && on_compact_data(s, wc, idx, steady_known))
+        return true;
+    on_recv_full(s, wc, idx);
+    return false;
+}
+
+void rs_sdp_on_recv(struct rs_sdp_sock *s, const struct rs_rnic_wc *wc)
+{
+    (void)on_recv(s, wc, false);
+}
+
+bool rs_sdp_on_recv_steady(struct rs_sdp_sock *s, const struct rs_rnic_wc *wc)
+{
+    return on_recv(s, wc, true);
+}
+
+/* Everything but compact Data in the steady state: errors, the full header, every message id. */
+static void on_recv_full(struct rs_sdp_sock *s, const struct rs_rnic_wc *wc, uint32_t idx)
+{
     if (wc->status != RS_WC_SUCCESS) {
         if (wc->status != RS_WC_WR_FLUSH_ERR && s->state != SDP_ST_CLOSED) {
             RS_DEBUG("sdp: receive failed with status %d", (int)wc->status);
