@@ -1230,6 +1230,8 @@ int rs_sdp_progress_fast(struct rs_sdp_sock *s)
     if (s->rxq_count == 0 && s->rx_direct_len == 0 && !rs_sdp_credit_view_roomy(s))
         rs_sdp_credit_update_check(s);
     s->dirty = false;
+    if (rs_sdp_steady_quiet(s))
+        return 1;
     if (rs_sdp_steady_listened(s))
         rs_sdp_signal(s);
     if (rs_sdp_steady_timed(s) && !timers_quiet(s) && !s->teardown_queued && s->pw && !rs_sdp_progress_on_loop())

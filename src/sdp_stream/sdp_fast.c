@@ -64,7 +64,7 @@ static RS_ALWAYS_INLINE bool moved(struct rs_sdp_sock *s, size_t n, ssize_t *res
 {
     if (received && !rs_sdp_credit_view_roomy(s))
         rs_sdp_credit_update_check(s);
-    if (rs_sdp_steady_timed(s) || rs_sdp_steady_listened(s)) {
+    if (!rs_sdp_steady_quiet(s)) {
         s->dirty = true;
         rs_sdp_call_done(s);
     } else {

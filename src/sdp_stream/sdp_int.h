@@ -442,8 +442,8 @@ static inline bool rs_sdp_steady(const struct rs_sdp_sock *s)
 {
     /* ORed rather than tested one by one: the answer is nearly always yes, and a chain of branches is a chain of
      * blocks under TCG. */
-    return s->state == SDP_ST_CONNECTED && s->hb.phase == SDP_HB_NONE &&
-           !(s->unsteady_flags | (uint32_t)s->so_error | s->owed_rd_compl | s->owed_sink_cancel_acks |
+    return !(((uint32_t)s->state ^ SDP_ST_CONNECTED) | ((uint32_t)s->hb.phase ^ SDP_HB_NONE) | s->unsteady_flags |
+             (uint32_t)s->so_error | s->owed_rd_compl | s->owed_sink_cancel_acks |
              (unsigned)(s->psrc.active | s->sink.active | s->zsrc.active | s->rsrc.active | s->psink.active));
 }
 
@@ -456,6 +456,12 @@ static inline bool rs_sdp_steady_listened(const struct rs_sdp_sock *s)
 static inline bool rs_sdp_steady_timed(const struct rs_sdp_sock *s)
 {
     return s->keepalive || s->close_deadline || s->hold_since_ms || s->duty_wanted;
+}
+/* Neither of the two: the end of a short call has nothing to signal or time. ORed, one branch, as rs_sdp_steady. */
+static inline bool rs_sdp_steady_quiet(const struct rs_sdp_sock *s)
+{
+    return !(s->interest_mask | (uintptr_t)s->waiters | s->notify_on | s->keepalive | s->close_deadline |
+             s->hold_since_ms | s->duty_wanted);
 }
 
 /* ---- sdp_spin.c ---- */
