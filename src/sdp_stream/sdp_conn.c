@@ -1189,11 +1189,11 @@ void rs_sdp_progress_poll(struct rs_sdp_sock *s)
 
 /*
  * The short path's look at the CQ (sdp_fast.c), on a socket the caller found steady under the lock it holds: what
- * progress_step does for an application thread on a connected socket in steady state, without the branches that state rules out (CM events, closing, listening, hand-back,
- * zero copy in flight). Under TCG every distinct block a call runs also slows the kernel work that follows it
- * (docs/results/sdp-verbs.md), so the busy poller's calls go this way. Returns 0 when nothing was found, 1 when
- * completions were handled and followed up, -1 when they left the socket needing the full step (dirty is set, so
- * the caller's slow path runs it).
+ * progress_step does for an application thread on a connected socket in steady state, without the branches that
+ * state rules out (CM events, closing, listening, hand-back, zero copy in flight). Under TCG every distinct block a
+ * call runs also slows the kernel work that follows it (docs/results/sdp-verbs.md), so the busy poller's calls go
+ * this way. Returns 0 when nothing was found, 1 when completions were handled and followed up, -1 when they left
+ * the socket needing the full step (dirty is set, so the caller's slow path runs it).
  */
 int rs_sdp_progress_fast(struct rs_sdp_sock *s)
 {
