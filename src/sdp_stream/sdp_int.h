@@ -43,7 +43,7 @@
 #define SDP_COPY_LOCKED_MAX RS_SDP_SHORT_RECV_MAX
 #define SDP_QUIET_RUN 16u                       /* at most this many inline Data messages between signaled sends */
 #define SDP_LAZY_TICK_MS 1u                     /* CQ left to the application: the progress thread's first look */
-#define SDP_LAZY_TICK_MAX_MS 16u                /* ... doubling up to this while the application stays at the CQ */
+#define SDP_LAZY_TICK_MAX_MS 256u               /* ... doubling up to this while the application stays at the CQ */
 #define SDP_NAGLE_MS 5u                         /* longest a partial message waits for an acknowledgement */
 #define SDP_CORK_MS 200u                        /* longest TCP_CORK / MSG_MORE hold a partial message */
 #define SDP_ORPHAN_TIMEOUT_MS 60000u            /* a closed socket's connection is given this long to finish */
@@ -247,7 +247,7 @@ struct rs_sdp_sock {
     bool empty_wake_expected;       /* the next CQ wake-up may find nothing through no application's doing: the
                                      * thread's look after arming took completions, or it fed the event itself
                                      * (loop thread only) */
-    uint8_t lazy_tick_ms;           /* lazy: time to the thread's next look (loop thread only, like cq_lazy) */
+    uint16_t lazy_tick_ms;          /* lazy: time to the thread's next look (loop thread only, like cq_lazy) */
     bool duty_wanted;               /* an application thread waits for readiness: the thread must take the CQ back */
 
     /* receive ring */

@@ -1328,7 +1328,7 @@ static void test_busy_poller_takes_cq_duty(void **state)
     assert_true(sc.cq_handovers >= 1 && ss.cq_handovers >= 1);
     /* Every round trip makes two completions per end; woken for each, the threads would count 2 x DUTY_ROUNDS. */
     assert_true(sc.progress_cq_wakeups + ss.progress_cq_wakeups < DUTY_ROUNDS / 2);
-    /* The looks back off while the poller stays (1, 2, 4, ... 16 ms apart): a look every millisecond would make
+    /* The looks back off while the poller stays (1, 2, 4, ... 256 ms apart): a look every millisecond would make
      * about took_ms of them per end. */
     assert_true(sc.lazy_looks + ss.lazy_looks <= took_ms / 2 + 10 * (sc.cq_handovers + ss.cq_handovers));
 
@@ -1416,7 +1416,7 @@ static void send_before_arm(void *p)
 /*
  * A blocking receive whose message completes after its last poll and before it arms the CQ raises no completion
  * event: the wait must look once more after arming and take it without sleeping. Without that look it slept until
- * the progress thread's next look (up to 16 ms over verbs), a lost wake-up that cost a blocking ping-pong over rxe
+ * the progress thread's next look (up to 256 ms over verbs), a lost wake-up that cost a blocking ping-pong over rxe
  * about a third of its speed. The hook puts the message exactly in that window.
  */
 static void test_message_before_arm_wakes_nobody_late(void **state)
