@@ -1271,20 +1271,20 @@ void rs_sdp_call_done(struct rs_sdp_sock *s)
  * average (an event loop misses about once per message, which is one or two looks); taking back needs
  * SDP_ABSENT_TICKS ticks in a row without the application.
  *
- * The looks themselves back off: each tick that finds the application still at the CQ doubles the time to the
- * next, from SDP_LAZY_TICK_MS up to SDP_LAZY_TICK_MAX_MS, and a tick that misses it starts again at the
- * shortest. A look every millisecond cost a busy poller more than any message: on two vCPUs the woken thread
- * takes one from a poller (64 B ping-pong over rxe under TCG, 4 runs: 149-365 us per transfer with 1 ms looks,
- * 99-144 us with 16 ms). Looks 16 ms apart still cost a few percent: in the steady state each end's thread woke
- * about 86 times a second, took a vCPU from a poller each time and sometimes its lock (so the poller slept in
- * futex), and the busy-polled ping-pong ran 5% faster with looks up to 256 ms apart (50 interleaved rounds in one
- * boot, median ratio to the 16 ms build 0.946). The price is how long a poller that stops calling in, without
- * sleeping in a call, leaves its connection to nobody: at most SDP_LAZY_TICK_MAX_MS plus two short ticks. Little
- * waits on that look: the timers (Nagle, cork, keepalive, zero-copy cancels, close) set the thread's timer to their
- * own deadlines whatever the tick; a Data buffer is reposted, and its credit returned, only once the application has
- * read it, which it does by calling in; a thread that sleeps in a call arms the CQ, and one that registers
- * readiness interest takes the CQ back at once. What waits is the stamps of last_data_sent/recv and the send
- * completions of a socket the application no longer touches.
+ * The looks themselves back off: each tick that finds the application still at the CQ doubles the time to the next,
+ * from SDP_LAZY_TICK_MS up to SDP_LAZY_TICK_MAX_MS, and a tick that misses it starts again at the shortest. A look
+ * every millisecond cost a busy poller more than any message: on two vCPUs the woken thread takes one from a poller
+ * (64 B ping-pong over rxe under TCG, 4 runs: 149-365 us per transfer with 1 ms looks, 99-144 us with 16 ms). Looks
+ * 16 ms apart still cost a few percent: in the steady state each end's thread woke about 86 times a second, took a
+ * vCPU from a poller each time and sometimes its lock (so the poller slept in futex), and the busy-polled ping-pong
+ * ran 4-7% faster with looks up to 256 ms apart (50 interleaved rounds in each of three boots, median ratio to the
+ * 16-ms build 0.935-0.958). The price is how long a poller that stops calling in, without sleeping in a call,
+ * leaves its connection to nobody: at most SDP_LAZY_TICK_MAX_MS plus two short ticks. Little waits on that look:
+ * the timers (Nagle, cork, keepalive, zero-copy cancels, close) set the thread's timer to their own deadlines
+ * whatever the tick; a Data buffer is reposted, and its credit returned, only once the application has read it,
+ * which it does by calling in; a thread that sleeps in a call arms the CQ, and one that registers readiness
+ * interest takes the CQ back at once. What waits is the stamps of last_data_sent/recv and the send completions of a
+ * socket the application no longer touches.
  *
  * A thread waiting for readiness (poll, select, epoll: interest registered on the socket) is woken only by
  * whoever runs the protocol and signals, so while any is registered the duty stays with the progress thread: it

@@ -44,6 +44,7 @@
 #define SDP_QUIET_RUN 16u                       /* at most this many inline Data messages between signaled sends */
 #define SDP_LAZY_TICK_MS 1u                     /* CQ left to the application: the progress thread's first look */
 #define SDP_LAZY_TICK_MAX_MS 256u               /* ... doubling up to this while the application stays at the CQ */
+_Static_assert(SDP_LAZY_TICK_MAX_MS <= UINT16_MAX, "lazy_tick_ms must hold the longest look interval");
 #define SDP_NAGLE_MS 5u                         /* longest a partial message waits for an acknowledgement */
 #define SDP_CORK_MS 200u                        /* longest TCP_CORK / MSG_MORE hold a partial message */
 #define SDP_ORPHAN_TIMEOUT_MS 60000u            /* a closed socket's connection is given this long to finish */
