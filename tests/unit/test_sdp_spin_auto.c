@@ -71,11 +71,16 @@ static void test_auto_spin_follows_the_peer(void **state)
     sdp_pair(&c, &s);
 
     /* Quick peer: the spin is on from the start and catches. On a loaded 2-CPU machine (two spinners and the
-     * progress threads) a catch rate of 1/3 was seen once in about 30 runs; an eighth still says "spinning". */
+     * progress threads) a catch rate of 1/3 was seen once in about 30 runs; an eighth still says "spinning".
+     * Counted against the waits, not the round trips: a reply can be there before the reader asks (in the rxe VM
+     * the sender's doorbell runs the peer's receive, and the answer from the other vCPU may land meanwhile: two
+     * suite runs in a row waited in only 531 of 2000 round trips, others in 1500-2000), and only a reader that
+     * waits spins or sleeps. */
     int quick = 2000;
     struct rs_sdp_stats a = phase(c, s, quick, 0, 1);
-    assert_true(a.spins >= (uint64_t)quick / 2);
-    assert_true(a.spin_catches * 8 >= (uint64_t)quick);
+    assert_true(a.spins >= (uint64_t)quick / 20);
+    assert_true(a.spins * 2 >= a.spins + a.app_sleeps);
+    assert_true(a.spin_catches * 8 >= a.spins + a.app_sleeps);
 
     /* Slow peer: every spin misses. After the evidence a socket needs (8 outcomes) the spin stops but for a probe
      * in 32 waits, retried while a probe gets no answer either way: 12-36 spins on a quiet host. Without the
@@ -88,7 +93,8 @@ static void test_auto_spin_follows_the_peer(void **state)
     /* Quick again: a sleep that ends soon makes the next wait a probe, a probe that catches turns the spin back
      * on. */
     struct rs_sdp_stats c2 = phase(c, s, quick, 0, 200000);
-    assert_true(c2.spin_catches * 8 >= (uint64_t)quick);
+    assert_true(c2.spins >= (uint64_t)quick / 20);
+    assert_true(c2.spin_catches * 8 >= c2.spins + c2.app_sleeps);
 
     assert_int_equal(rs_sdp_close(c), 0);
     assert_int_equal(rs_sdp_close(s), 0);

@@ -344,6 +344,15 @@ static uint32_t slot_seq(const struct rs_v_wq *wq, uint32_t index, uint32_t tail
     return tail + ((index - tail) & wq->mask);
 }
 
+/* A receive through an SRQ: its QP, found by number, and its slot back to the SRQ. Out of line: the table lookup's
+ * lock and calls would otherwise crowd every poll's registers. */
+static RS_NOINLINE struct rs_v_qp *srq_slot_retire(struct rs_v_cq *cq, const struct ibv_wc *w, struct rs_v_slot *slot)
+{
+    struct rs_v_qp *qp = rs_v_find_qpn(rs_v_dev(cq->base.rnic), w->qp_num);
+    rs_v_srq_slot_free(slot->srq, slot);
+    return qp;
+}
+
 /*
  * Turns one device completion into an rnic.h completion. Returns false when it is the provider's own and must
  * not be shown. Receive completions through an SRQ find their QP by number.
@@ -365,9 +374,8 @@ static RS_ALWAYS_INLINE bool convert(struct rs_v_cq *cq, const struct ibv_wc *w,
     act->invalidate = false;
     act->rkey = 0;
     out->wr_id = slot->wr_id;
-    if (slot->srq) {
-        qp = rs_v_find_qpn(rs_v_dev(cq->base.rnic), w->qp_num);
-        rs_v_srq_slot_free(slot->srq, slot);
+    if (RS_UNLIKELY(slot->srq)) {
+        qp = srq_slot_retire(cq, w, slot);
     } else {
         /* Retire the slot and, on the send queue, every unsignaled request before it. */
         struct rs_v_wq *wq = receive ? &qp->rq : &qp->sq;
@@ -419,7 +427,9 @@ static void run_actions(struct rs_v_dev *dev, struct cq_action *acts, int n)
     }
 }
 
-int rs_v_poll_cq(struct rs_rnic_cq *base, int n, struct rs_rnic_wc *wc)
+/* Everything rs_v_poll_cq's common case leaves out: the ring of completions pumped for an armed CQ, the datagram
+ * progress, bad arguments, an overflowed CQ, more than one batch. */
+static RS_NOINLINE int poll_general(struct rs_rnic_cq *base, int n, struct rs_rnic_wc *wc)
 {
     struct rs_v_cq *cq = rs_v_cq(base);
     if (n < 0)
@@ -458,6 +468,41 @@ int rs_v_poll_cq(struct rs_rnic_cq *base, int n, struct rs_rnic_wc *wc)
     }
     rs_unlock(&cq->lock);
     if (nacts)
+        run_actions(rs_v_dev(base->rnic), acts, nacts);
+    return got;
+}
+
+/*
+ * The common case, a busy poller's every call: nothing pumped into the ring, no datagram QP to progress, at most one
+ * batch wanted. One look at the device under the lock, as the general path's first, in a function small enough to
+ * keep most of its state in registers: the general one's loops spilled theirs to the stack on every poll, hit or
+ * miss (a busy-polled 64 B ping-pong over rxe: 176 instructions a round trip in this function before, 143 after).
+ */
+int rs_v_poll_cq(struct rs_rnic_cq *base, int n, struct rs_rnic_wc *wc)
+{
+    struct rs_v_cq *cq = rs_v_cq(base);
+    if (RS_UNLIKELY(n <= 0 || n > POLL_BATCH || atomic_load_explicit(&cq->overflow, memory_order_relaxed) ||
+                    __atomic_load_n(&cq->nud, __ATOMIC_RELAXED)))
+        return poll_general(base, n, wc);
+    rs_lock(&cq->lock);
+    if (RS_UNLIKELY(cq->count)) {
+        /* Pumped completions come first: the general path takes them in order. */
+        rs_unlock(&cq->lock);
+        return poll_general(base, n, wc);
+    }
+    struct ibv_wc w[POLL_BATCH];
+    int m = ibv_poll_cq(cq->cq, n, w);
+    int got = 0, nacts = 0;
+    struct cq_action acts[POLL_BATCH];
+    for (int i = 0; i < m; i++) {
+        struct cq_action act;
+        if (convert(cq, &w[i], &wc[got], &act))
+            got++;
+        if (RS_UNLIKELY(act.status != RS_WC_SUCCESS || act.invalidate))
+            acts[nacts++] = act;
+    }
+    rs_unlock(&cq->lock);
+    if (RS_UNLIKELY(nacts))
         run_actions(rs_v_dev(base->rnic), acts, nacts);
     return got;
 }
