@@ -25,6 +25,12 @@ struct rs_rnic_conn_request { struct rs_rnic *rnic; };
 struct rs_rnic_ud_peer { struct rs_rnic *rnic; };
 struct rs_rnic_xrcd { struct rs_rnic *rnic; };
 
+/* The request rs_rnic_post_send_inline stands for (one inline SEND), posted by the provider's post_send: what
+ * rnic.c does for a provider without post_send_inline, and what one with it does for a request it does not take
+ * itself (a QP in ERROR flushes it, another type refuses it). */
+int rs_rnic_post_send_inline_by_wr(struct rs_rnic_qp *qp, uint64_t wr_id, const struct rs_rnic_sge *sge,
+                                   unsigned flags, bool with_imm, uint32_t imm_data);
+
 /* One entry per rnic.h call, same arguments and meaning (see rnic.h). */
 struct rs_rnic_ops {
     void (*close)(struct rs_rnic *rnic);

@@ -167,6 +167,12 @@ int rs_rnic_post_send_inline(struct rs_rnic_qp *qp, uint64_t wr_id, const struct
 {
     if (qp->rnic->ops->post_send_inline)
         return qp->rnic->ops->post_send_inline(qp, wr_id, sge, flags, with_imm, imm_data);
+    return rs_rnic_post_send_inline_by_wr(qp, wr_id, sge, flags, with_imm, imm_data);
+}
+
+int rs_rnic_post_send_inline_by_wr(struct rs_rnic_qp *qp, uint64_t wr_id, const struct rs_rnic_sge *sge,
+                                   unsigned flags, bool with_imm, uint32_t imm_data)
+{
     struct rs_rnic_send_wr wr = {
         .wr_id = wr_id, .opcode = with_imm ? RS_WR_SEND_WITH_IMM : RS_WR_SEND, .flags = flags | RS_SEND_INLINE,
         .sg_list = (struct rs_rnic_sge *)sge, .num_sge = 1, .imm_data = imm_data,

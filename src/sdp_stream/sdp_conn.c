@@ -872,17 +872,29 @@ out:
 /* ---- CM events ---- */
 
 /* Hands each completion to the send or receive side; returns whether all of them succeeded. */
-static RS_ALWAYS_INLINE bool dispatch_completions(struct rs_sdp_sock *s, const struct rs_rnic_wc *wc, int n)
+/*
+ * Hands each completion to its handler; true when all succeeded. steady (NULL for the full step): the short path's
+ * caller found the socket steady under this hold of the lock; compact Data keeps it so, and while only that came
+ * the steady test is not asked again (it reads eleven fields, and a ping-pong asked it four times a round trip).
+ * *steady says on return whether that still holds; anything else is dispatched as always and the test made after.
+ */
+static RS_ALWAYS_INLINE bool dispatch_completions(struct rs_sdp_sock *s, const struct rs_rnic_wc *wc, int n,
+                                                  bool *steady)
 {
     bool all_ok = true;
     for (int i = 0; i < n; i++) {
         all_ok &= wc[i].status == RS_WC_SUCCESS;
         if (wc[i].qp && wc[i].qp != s->qp)
             continue;   /* flushed work of a QP a redirected connect replaced */
-        if (wc[i].wr_id & SDP_WR_SEND)
+        if (wc[i].wr_id & SDP_WR_SEND) {
             rs_sdp_on_send_complete(s, &wc[i]);
-        else
+            if (steady)
+                *steady = false;
+        } else if (steady && *steady) {
+            *steady = rs_sdp_on_recv_steady(s, &wc[i]);
+        } else {
             rs_sdp_on_recv(s, &wc[i]);
+        }
     }
     return all_ok;
 }
@@ -1110,7 +1122,7 @@ static bool process_cq(struct rs_sdp_sock *s)
         if (n == 0)
             return found;
         found = true;
-        bool all_ok = dispatch_completions(s, wc, n);
+        bool all_ok = dispatch_completions(s, wc, n, NULL);
         /* A short batch of successes emptied the CQ (a provider stops a batch early only at a failed one): what
          * arrives after it waits for the next look, which saves a busy poller's every message a second, empty
          * poll. Failures (a flushed QP) are drained to the end, as the disconnect handling expects. */
@@ -1201,22 +1213,8 @@ int rs_sdp_progress_fast(struct rs_sdp_sock *s)
     int n = rs_rnic_poll_cq(s->cq, SDP_FAST_BATCH, wc);
     if (n <= 0)
         return n;
-    /* The caller found the socket steady under this hold of the lock; compact Data keeps it so, and while only
-     * that came the steady test is not asked again (it reads eleven fields, and a ping-pong asked it four times a
-     * round trip). Anything else is dispatched as always and the test made after. */
     bool steady = true;
-    for (int i = 0; i < n; i++) {
-        if (wc[i].qp && wc[i].qp != s->qp)
-            continue;   /* as dispatch_completions */
-        if (wc[i].wr_id & SDP_WR_SEND) {
-            rs_sdp_on_send_complete(s, &wc[i]);
-            steady = false;
-        } else if (steady) {
-            steady = rs_sdp_on_recv_steady(s, &wc[i]);
-        } else {
-            rs_sdp_on_recv(s, &wc[i]);
-        }
-    }
+    dispatch_completions(s, wc, n, &steady);
     s->dirty = true;
     /* A full batch may have more behind it; an unusual message changed the state: the full step takes over. */
     if (n == SDP_FAST_BATCH || !(steady || rs_sdp_steady(s)))

@@ -1286,11 +1286,7 @@ int rs_v_post_send_inline(struct rs_rnic_qp *base, uint64_t wr_id, const struct 
         return rc_post_send_core(qp, wr_id, sge, 1, ibv_flags_of[(flags | RS_SEND_INLINE) & 15u], with_imm,
                                  imm_data);
     /* Anything else (a QP in ERROR flushes, other types, errors): as the request itself. */
-    struct rs_rnic_send_wr wr = {
-        .wr_id = wr_id, .opcode = with_imm ? RS_WR_SEND_WITH_IMM : RS_WR_SEND, .flags = flags | RS_SEND_INLINE,
-        .sg_list = (struct rs_rnic_sge *)sge, .num_sge = 1, .imm_data = imm_data,
-    };
-    return rs_v_post_send(base, &wr, NULL);
+    return rs_rnic_post_send_inline_by_wr(base, wr_id, sge, flags, with_imm, imm_data);
 }
 
 int rs_v_post_recv(struct rs_rnic_qp *base, struct rs_rnic_recv_wr *wr, struct rs_rnic_recv_wr **bad_wr)
