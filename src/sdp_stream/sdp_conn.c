@@ -871,12 +871,11 @@ out:
 
 /* ---- CM events ---- */
 
-/* Hands each completion to the send or receive side; returns whether all of them succeeded. */
 /*
- * Hands each completion to its handler; true when all succeeded. steady (NULL for the full step): the short path's
- * caller found the socket steady under this hold of the lock; compact Data keeps it so, and while only that came
- * the steady test is not asked again (it reads eleven fields, and a ping-pong asked it four times a round trip).
- * *steady says on return whether that still holds; anything else is dispatched as always and the test made after.
+ * Hands each completion to the send or receive side; true when all succeeded. steady (NULL for the full step): the
+ * short path's caller found the socket steady under this hold of the lock; compact Data keeps it so, and while only
+ * that came the steady test is not asked again (it reads eleven fields, and a ping-pong asked it four times a round
+ * trip). *steady says on return whether that still holds; anything else is dispatched as always, the test made after.
  */
 static RS_ALWAYS_INLINE bool dispatch_completions(struct rs_sdp_sock *s, const struct rs_rnic_wc *wc, int n,
                                                   bool *steady)

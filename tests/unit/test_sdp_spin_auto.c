@@ -79,7 +79,7 @@ static void test_auto_spin_follows_the_peer(void **state)
     int quick = 2000;
     struct rs_sdp_stats a = phase(c, s, quick, 0, 1);
     assert_true(a.spins >= (uint64_t)quick / 20);
-    assert_true(a.spins * 2 >= a.spins + a.app_sleeps);
+    assert_true(a.spins >= a.app_sleeps);       /* most waits spun (with the spin off, every wait sleeps) */
     assert_true(a.spin_catches * 8 >= a.spins + a.app_sleeps);
 
     /* Slow peer: every spin misses. After the evidence a socket needs (8 outcomes) the spin stops but for a probe
