@@ -1705,6 +1705,52 @@ static void test_cq_overflow(void **state)
     gbuf_fini(&b);
 }
 
+static int cq8_setup(void **state)
+{
+    return fixture_setup_depth(state, 8);
+}
+
+/* Completions still held by the device when their QP is destroyed are kept for the CQ's poller, in order, also
+ * when they land across the end of the CQ's software ring: four QPs in turn on one CQ of 8, three unpolled send
+ * completions each (the ring's tail at 0, 3, 6 and 1). */
+static void test_destroyed_qp_completions_cross_ring_end(void **state)
+{
+    struct fixture *f = *state;
+    struct gbuf b;
+    gbuf_init(&b, f->pd, 4096, RS_ACCESS_LOCAL_WRITE, 0x3c);
+    assert_int_equal(rs_rnic_destroy_qp(f->p.qp), 0);
+    f->p.qp = NULL;
+    for (uint64_t round = 0; round < 4; round++) {
+        struct rs_rnic_qp_attr attr = {
+            .type = RS_QPT_RC, .send_cq = f->p.cq, .recv_cq = f->p.cq, .max_send_wr = 4, .max_recv_wr = 4,
+            .max_send_sge = 1, .max_recv_sge = 1,
+        };
+        struct rs_rnic_qp *qp;
+        assert_int_equal(rs_rnic_create_qp(f->pd, &attr, &qp), 0);
+        struct side act;
+        memset(&act, 0, sizeof(act));
+        connect_side(f, &act);
+        struct rs_rnic_cm_event ev;
+        expect_event(f->p.cm, RS_RNIC_CM_EV_CONNECT_REQUEST, &ev);
+        assert_int_equal(rs_rnic_accept(ev.request, qp, f->p.cm, NULL, 0), 0);
+        expect_event(act.cm, RS_RNIC_CM_EV_ESTABLISHED, NULL);
+        expect_event(f->p.cm, RS_RNIC_CM_EV_ESTABLISHED, NULL);
+        for (uint64_t i = 0; i < 3; i++)
+            post_recv(act.qp, i, &b, 1024 * i, 1024);
+        for (uint64_t i = 0; i < 3; i++)
+            post_send_op(qp, round * 10 + i, RS_WR_SEND, 0, &b, 1024 * i, 100 + i, 0, 0);
+        for (uint64_t i = 0; i < 3; i++)
+            expect_wc(act.cq, i, RS_WC_RECV, RS_WC_SUCCESS, NULL);
+        assert_int_equal(rs_rnic_destroy_qp(qp), 0);
+        for (uint64_t i = 0; i < 3; i++)
+            expect_wc(f->p.cq, round * 10 + i, RS_WC_SEND, RS_WC_SUCCESS, NULL);
+        destroy_side(&act);
+    }
+    struct rs_rnic_wc wc;
+    assert_int_equal(rs_rnic_poll_cq(f->p.cq, 1, &wc), 0);
+    gbuf_fini(&b);
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -1742,6 +1788,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_disconnect, fixture_setup, fixture_teardown),
         cmocka_unit_test_setup_teardown(test_peer_killed, fixture_setup, fixture_teardown),
         cmocka_unit_test_setup_teardown(test_cq_overflow, small_cq_setup, fixture_teardown),
+        cmocka_unit_test_setup_teardown(test_destroyed_qp_completions_cross_ring_end, cq8_setup, fixture_teardown),
         cmocka_unit_test_setup_teardown(test_shared_listener_paced, fixture_setup, fixture_teardown),
     };
     return cmocka_run_group_tests_name("rnic_rc", tests, NULL, NULL);

@@ -414,6 +414,25 @@ static RS_ALWAYS_INLINE bool convert(struct rs_v_cq *cq, const struct ibv_wc *w,
     return shown;
 }
 
+/*
+ * Converts m device completions into consecutive slots from out (the caller's array, or a contiguous run of the
+ * ring) and returns how many are shown; what must run once the lock is released is appended to acts. Inline into
+ * each caller, so the common poll keeps its state in registers.
+ */
+static RS_ALWAYS_INLINE int convert_batch(struct rs_v_cq *cq, const struct ibv_wc *w, int m, struct rs_rnic_wc *out,
+                                          struct cq_action *acts, int *nacts)
+{
+    int shown = 0;
+    for (int i = 0; i < m; i++) {
+        struct cq_action act;
+        if (convert(cq, &w[i], &out[shown], &act))
+            shown++;
+        if (RS_UNLIKELY(act.status != RS_WC_SUCCESS || act.invalidate))
+            acts[(*nacts)++] = act;
+    }
+    return shown;
+}
+
 static void run_actions(struct rs_v_dev *dev, struct cq_action *acts, int n)
 {
     for (int i = 0; i < n; i++) {
@@ -456,13 +475,7 @@ static RS_NOINLINE int poll_general(struct rs_rnic_cq *base, int n, struct rs_rn
         int m = ibv_poll_cq(cq->cq, want, w);
         if (m <= 0)
             break;
-        for (int i = 0; i < m; i++) {
-            struct cq_action act;
-            if (convert(cq, &w[i], &wc[got], &act))
-                got++;
-            if (act.status != RS_WC_SUCCESS || act.invalidate)
-                acts[nacts++] = act;
-        }
+        got += convert_batch(cq, w, m, &wc[got], acts, &nacts);
         if (m < want)
             break;
     }
@@ -492,15 +505,9 @@ int rs_v_poll_cq(struct rs_rnic_cq *base, int n, struct rs_rnic_wc *wc)
     }
     struct ibv_wc w[POLL_BATCH];
     int m = ibv_poll_cq(cq->cq, n, w);
-    int got = 0, nacts = 0;
+    int nacts = 0;
     struct cq_action acts[POLL_BATCH];
-    for (int i = 0; i < m; i++) {
-        struct cq_action act;
-        if (convert(cq, &w[i], &wc[got], &act))
-            got++;
-        if (RS_UNLIKELY(act.status != RS_WC_SUCCESS || act.invalidate))
-            acts[nacts++] = act;
-    }
+    int got = convert_batch(cq, w, m, wc, acts, &nacts);
     rs_unlock(&cq->lock);
     if (RS_UNLIKELY(nacts))
         run_actions(rs_v_dev(base->rnic), acts, nacts);
@@ -514,21 +521,18 @@ void rs_v_cq_pump(struct rs_v_cq *cq)
         int nacts = 0;
         rs_lock(&cq->lock);
         struct ibv_wc w[POLL_BATCH];
-        int room = (int)(cq->depth - cq->count);
-        int m = room > 0 ? ibv_poll_cq(cq->cq, room < POLL_BATCH ? room : POLL_BATCH, w) : 0;
-        for (int i = 0; i < m; i++) {
-            struct rs_rnic_wc out;
-            struct cq_action act;
-            if (convert(cq, &w[i], &out, &act)) {
-                cq->ring[(cq->head + cq->count) % cq->depth] = out;
-                cq->count++;
-            }
-            if (act.status != RS_WC_SUCCESS || act.invalidate)
-                acts[nacts++] = act;
-        }
+        /* At most the free run up to the ring's end, so the completions land in consecutive slots. */
+        uint32_t tail = (cq->head + cq->count) % cq->depth;
+        uint32_t room = cq->depth - cq->count;
+        if (room > cq->depth - tail)
+            room = cq->depth - tail;
+        int want = room < POLL_BATCH ? (int)room : POLL_BATCH;
+        int m = want > 0 ? ibv_poll_cq(cq->cq, want, w) : 0;
+        if (m > 0)
+            cq->count += (uint32_t)convert_batch(cq, w, m, &cq->ring[tail], acts, &nacts);
         rs_unlock(&cq->lock);
         run_actions(rs_v_dev(cq->base.rnic), acts, nacts);
-        if (m < POLL_BATCH)
+        if (m < want || want == 0)
             return;
     }
 }
