@@ -3,6 +3,7 @@
 #   SDP stream bandwidth over the verbs provider vs raw RDMA WRITE (perftest ib_write_bw), 64 KiB..1 MiB
 #   (target >= 0.85x); SDP vs rsockets with one program, librdmacm's rstream (native rsockets, and -T s under
 #   rdmasock's preload): 64 B ping-pong latency (target <= 1.0x) and bulk bandwidth (target >= 1.0x).
+# Verdicts come from interleaved rounds (the stacks side by side in each; the median of the rounds' ratios).
 # Writes sdp-verbs.csv (every repetition) and sdp-verbs.md (medians and ratios) into OUTDIR
 # (default $RS_BUILD/bench-results). Under TCG only the ratios mean something.
 set -euo pipefail
@@ -18,7 +19,7 @@ run=$(mktemp -d)
 trap 'rm -rf "$run"' EXIT
 echo "bench/sdp_verbs: one VM boot: ib_write_bw, sdp_bench --kind verbs, rstream with and without rdmasock"
 env_args=(--env "RS_SDP_BENCH=$bench")
-for name in RS_SDP_SIZES RS_SDP_REPS RS_SDP_SPIN_US; do
+for name in RS_SDP_SIZES RS_SDP_REPS RS_SDP_SPIN_US RS_SDP_BW_ROUNDS RS_SDP_LAT_ROUNDS RS_SDP_LAT_ITERS; do
     [[ -n ${!name+x} ]] && env_args+=(--env "$name=${!name}")
 done
 "$RS_TOP/tools/vm/vm" run --timeout 2400 --mem 2048 --out "$run" "${env_args[@]}" -- \
@@ -36,6 +37,25 @@ verdict() {     # RATIO OP GOAL
     awk -v r="$1" -v op="$2" -v g="$3" 'BEGIN { if (r == "n/a") print "not measured";
         else if ((op == ">=" && r + 0 >= g + 0) || (op == "<=" && r + 0 <= g + 0)) print "met"; else print "missed" }'
 }
+# round_ratios TEST A B SIZE METRIC: A's value over B's in every interleaved round both ran (variants A-round-K,
+# B-round-K), one per line in round order.
+round_ratios() {
+    awk -F, -v t="$1" -v a="$2-round-" -v b="$3-round-" -v s="$4" -v m="$5" '
+        $1 == t && $3 == s && $4 == m && index($2, a) == 1 { x[substr($2, length(a) + 1)] = $5 }
+        $1 == t && $3 == s && $4 == m && index($2, b) == 1 { y[substr($2, length(b) + 1)] = $5 }
+        END { for (k = 1; k in x || k in y; k++) if ((k in x) && (k in y) && y[k] > 0) printf "%.4f\n", x[k] / y[k] }' "$csv"
+}
+# round_med TEST VARIANT SIZE METRIC: the median of VARIANT's values over the rounds.
+round_med() {
+    awk -F, -v t="$1" -v v="$2-round-" -v s="$3" -v m="$4" '$1 == t && index($2, v) == 1 && $3 == s && $4 == m { print $5 }' "$csv" |
+        sort -g | awk '{ a[NR] = $1 } END { if (NR) printf "%.4g\n", (NR % 2 ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2) }'
+}
+# ratio_summary OP GOAL < ratios: "median min-max k/n" (k: rounds meeting the goal).
+ratio_summary() {
+    sort -g | awk -v op="$1" -v g="$2" '{ a[NR] = $1; if ((op == ">=" && $1 >= g) || (op == "<=" && $1 <= g)) k++ }
+        END { if (!NR) { print "n/a - 0/0"; exit }
+              printf "%.3f %.2f-%.2f %d/%d\n", (NR % 2 ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2), a[1], a[NR], k, NR }'
+}
 {
     echo "# SDP over verbs vs raw verbs and vs rsockets (one soft-RoCE VM boot)"
     echo
@@ -45,14 +65,18 @@ verdict() {     # RATIO OP GOAL
     echo "## Bandwidth: SDP stream sockets vs RDMA WRITE (perftest ib_write_bw), target >= 0.85x"
     echo
     echo "SDP: sdp_bench --kind verbs (SDP stream sockets, blocking, one direction) with the default adaptive zero"
-    echo "copy; in brackets the same with zero copy off (buffered copy only)."
+    echo "copy; in brackets the same with zero copy off (buffered copy only). Interleaved rounds: each round runs"
+    echo "the three at each size side by side (the order rotating); the MB/s are the rounds' medians, the ratio is"
+    echo "the median of the rounds' ratios (their range and the rounds meeting the target beside it)."
     echo
-    echo "| size | SDP MB/s | ib_write_bw MB/s | ratio | verdict | (buffered copy only: MB/s, ratio) |"
-    echo "|---|---|---|---|---|---|"
+    echo "| size | SDP MB/s | ib_write_bw MB/s | ratio | verdict | rounds' ratios | rounds met | (buffered copy only: MB/s, ratio) |"
+    echo "|---|---|---|---|---|---|---|---|"
     for size in $(awk -F, '$1 == "write_bw" { print $3 }' "$csv" | sort -un); do
-        s=$(med write_bw sdp "$size" MBps); p=$(med write_bw perftest "$size" MBps); r=$(ratio "$s" "$p")
-        b=$(med write_bw sdp-bcopy "$size" MBps)
-        echo "| $size | ${s:-n/a} | ${p:-n/a} | $r | $(verdict "$r" '>=' 0.85) | (${b:-n/a}, $(ratio "$b" "$p")) |"
+        s=$(round_med write_bw sdp "$size" MBps); p=$(round_med write_bw perftest "$size" MBps)
+        b=$(round_med write_bw sdp-bcopy "$size" MBps)
+        read -r r range met <<< "$(round_ratios write_bw sdp perftest "$size" MBps | ratio_summary '>=' 0.85)"
+        read -r rb _ _ <<< "$(round_ratios write_bw sdp-bcopy perftest "$size" MBps | ratio_summary '>=' 0.85)"
+        echo "| $size | ${s:-n/a} | ${p:-n/a} | $r | $(verdict "$r" '>=' 0.85) | $range | $met | (${b:-n/a}, $rb) |"
     done
     echo
     echo "## One program, rstream: rsockets (native) vs SDP (\`rstream -T s\` under rdmasock)"
@@ -73,7 +97,9 @@ verdict() {     # RATIO OP GOAL
         s=$(med rstream_lat "sdp-$calls" 64 us_per_xfer); p=$(med rstream_lat "rsockets-$rc" 64 us_per_xfer)
         r=$(ratio "$s" "$p")
         k="$(med rstream_lat "sdp-$calls" 64 rxe_pkts) / $(med rstream_lat "rsockets-$rc" 64 rxe_pkts)"
-        echo "| $calls | latency (us) | 64 | ${s:-n/a} | ${p:-n/a} | $r | $(judge "$r" '<=' 1.0) | $k |"
+        v=$(judge "$r" '<=' 1.0)
+        [[ $calls == default && -n $(round_med rstream_lat sdp 64 us_per_xfer) ]] && v="(rounds below)"
+        echo "| $calls | latency (us) | 64 | ${s:-n/a} | ${p:-n/a} | $r | $v | $k |"
         sf=$(med rstream_lat "sdp-full-$calls" 64 us_per_xfer)
         if [[ -n $sf ]]; then
             # SDP with compact Data off: every BSDH in the payload, 80 bytes on the wire (no target: it shows what
@@ -85,33 +111,43 @@ verdict() {     # RATIO OP GOAL
         for size in 65536 1048576; do
             s=$(med rstream_bw "sdp-$calls" "$size" Gbps); p=$(med rstream_bw "rsockets-$rc" "$size" Gbps)
             r=$(ratio "$s" "$p")
+            # Busy-polled bandwidth runs in interleaved rounds (the section below gives its verdict).
+            [[ $calls == default && -z $s ]] && continue
             k="$(med rstream_bw "sdp-$calls" "$size" rxe_pkts) / $(med rstream_bw "rsockets-$rc" "$size" rxe_pkts)"
             echo "| $calls | bandwidth (Gb/s) | $size | ${s:-n/a} | ${p:-n/a} | $r | $(judge "$r" '>=' 1.0) | $k |"
         done
     done
-    nrounds=$(awk -F, '$1 == "rstream_lat" && $2 ~ /^sdp-round-/ && $4 == "us_per_xfer"' "$csv" | wc -l)
-    if (( nrounds > 0 )); then
+    if [[ -n $(round_med rstream_lat sdp 64 us_per_xfer) ]]; then
         echo
         echo "## Busy-polled 64 B latency in interleaved rounds, target <= 1.0x"
         echo
-        echo "The ping-pong of the table above again, $nrounds rounds of one rsockets run and one SDP run each (5000 round"
-        echo "trips a run; which goes first alternates). Runs differ far more than stacks on this VM (both ends"
-        echo "busy-poll on its two vCPUs, and rxe's kernel work must preempt one of them), so each round's ratio is"
-        echo "taken and their median is the verdict."
+        echo "The default calls' ping-pong of the table above again, in rounds of one rsockets run and one SDP run each"
+        echo "(${RS_SDP_LAT_ITERS:-2000} round trips a run; which goes first alternates). Runs differ far more than stacks"
+        echo "on this VM (both ends busy-poll on its two vCPUs, and rxe's kernel work must preempt one of them), so each"
+        echo "round's ratio is taken and their median is the verdict (us: the rounds' medians)."
         echo
-        echo "| round | SDP us | rsockets us | ratio |"
-        echo "|---|---|---|---|"
-        ratios=()
-        for k in $(seq 1 "$nrounds"); do
-            s=$(med rstream_lat "sdp-round-$k" 64 us_per_xfer); p=$(med rstream_lat "rsockets-round-$k" 64 us_per_xfer)
-            r=$(ratio "$s" "$p")
-            [[ $r != n/a ]] && ratios+=("$r")
-            echo "| $k | ${s:-n/a} | ${p:-n/a} | $r |"
+        echo "| SDP us | rsockets us | ratio | verdict | rounds' ratios | rounds at or below 1.0 |"
+        echo "|---|---|---|---|---|---|"
+        s=$(round_med rstream_lat sdp 64 us_per_xfer); p=$(round_med rstream_lat rsockets 64 us_per_xfer)
+        read -r r range met <<< "$(round_ratios rstream_lat sdp rsockets 64 us_per_xfer | ratio_summary '<=' 1.0)"
+        echo "| ${s:-n/a} | ${p:-n/a} | **$r** | $(verdict "$r" '<=' 1.0) | $range | $met |"
+        echo
+        echo "The rounds' ratios in order: $(round_ratios rstream_lat sdp rsockets 64 us_per_xfer | awk '{ printf "%s%.2f", (NR > 1 ? " " : ""), $1 }')."
+    fi
+    if [[ -n $(round_med rstream_bw sdp 1048576 Gbps) ]]; then
+        echo
+        echo "## Busy-polled bandwidth in interleaved rounds, target >= 1.0x"
+        echo
+        echo "rstream's bulk transfers with the default (spinning) calls, one rsockets run and one SDP run per size and"
+        echo "round, which goes first alternating; Gb/s are the rounds' medians, the ratio the median of the rounds' ratios."
+        echo
+        echo "| size | SDP Gb/s | rsockets Gb/s | ratio | verdict | rounds' ratios | rounds met |"
+        echo "|---|---|---|---|---|---|---|"
+        for size in 65536 1048576; do
+            s=$(round_med rstream_bw sdp "$size" Gbps); p=$(round_med rstream_bw rsockets "$size" Gbps)
+            read -r r range met <<< "$(round_ratios rstream_bw sdp rsockets "$size" Gbps | ratio_summary '>=' 1.0)"
+            echo "| $size | ${s:-n/a} | ${p:-n/a} | $r | $(verdict "$r" '>=' 1.0) | $range | $met |"
         done
-        m=$(printf '%s\n' "${ratios[@]}" | sort -g | awk '{ a[NR] = $1 } END { if (NR) printf "%.2f", (NR % 2 ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2) }')
-        below=$(printf '%s\n' "${ratios[@]}" | awk '$1 <= 1.0 { n++ } END { print n + 0 }')
-        echo
-        echo "Median of the rounds' ratios: **${m:-n/a}** ($(verdict "${m:-n/a}" '<=' 1.0)); SDP at or below rsockets in $below of ${#ratios[@]} rounds."
     fi
     if [[ -n $(med rstream_lat rsockets-generic-crc 64 us_per_xfer) ]]; then
         echo
