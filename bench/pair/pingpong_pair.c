@@ -9,11 +9,11 @@
  * from one to the next on a TCG VM (both stacks alike, drifting over seconds); bursts a few milliseconds long, taken
  * in pairs, compare the stacks under one state of the machine.
  *
- * Bursts are short (8 round trips by default, about half a millisecond): an SDP connection left alone for two of
- * its progress thread's shortest looks (1 ms each) is taken back by that thread (docs/sdp.md, CQ duty), which then
- * wakes on every completion until the poller returns. With 50 round trips a burst (3-6 ms) that happened at every
- * switch: both stacks ran at half speed and a build with 1200 instructions more per send measured the same as
- * without them; with 8, that build measures 2.6% slower, in both of two runs (standard error 0.7% a run).
+ * Bursts are short (8 round trips by default, about half a millisecond): with 50 a burst (3-6 ms on one stack at a
+ * time) a build with 1200 instructions more per send measured the same as without them; with 8 it measures 2.6%
+ * slower, in both of two runs (standard error 0.7% a run). Likely, not measured: an SDP connection left alone for
+ * two of its progress thread's shortest looks (1 ms each) is taken back by that thread (docs/sdp.md, CQ duty), whose
+ * wake-ups then cost more than the padding until it hands the CQ over again.
  *
  * Both stacks are driven alike: nonblocking (O_NONBLOCK), TCP_NODELAY, send and recv looping over EAGAIN as
  * rstream's default does. Every echoed message is checked. The one asymmetry: rsockets here runs inside a process
