@@ -15,6 +15,8 @@ out=${1:-$RS_BUILD/bench-results}
 shift || true
 mkdir -p "$out" "$RS_BUILD/bench"
 prog=$RS_BUILD/bench/pingpong_pair
+# Built here, not by the Makefile's bench rule: that rule links librdmasock in, and this program must get it only
+# from the preload, as an unmodified application would.
 cc -O2 -Wall -o "$prog" "$RS_TOP/bench/pair/pingpong_pair.c" -lrdmacm -lm
 variants=()
 for arg in "$@"; do

@@ -27,10 +27,14 @@ done
 csv=$out/sdp-verbs.csv
 cp "$run/compare.csv" "$csv"
 
+# median_of FORMAT < numbers: their median, printed with FORMAT (nothing for no numbers).
+median_of() {
+    sort -g | awk -v f="$1" '{ a[NR] = $1 } END { if (NR) printf f "\n", (NR % 2 ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2) }'
+}
 # med TEST VARIANT SIZE METRIC: the median of the repetitions.
 med() {
     awk -F, -v t="$1" -v v="$2" -v s="$3" -v m="$4" '$1 == t && $2 == v && $3 == s && $4 == m { print $5 }' "$csv" |
-        sort -g | awk '{ a[NR] = $1 } END { if (NR) print (NR % 2 ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2) }'
+        median_of %s
 }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "" || b == "" || b + 0 == 0) print "n/a"; else printf "%.2f", a / b }'; }
 verdict() {     # RATIO OP GOAL
@@ -48,7 +52,7 @@ round_ratios() {
 # round_med TEST VARIANT SIZE METRIC: the median of VARIANT's values over the rounds.
 round_med() {
     awk -F, -v t="$1" -v v="$2-round-" -v s="$3" -v m="$4" '$1 == t && index($2, v) == 1 && $3 == s && $4 == m { print $5 }' "$csv" |
-        sort -g | awk '{ a[NR] = $1 } END { if (NR) printf "%.4g\n", (NR % 2 ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2) }'
+        median_of %.4g
 }
 # ratio_summary OP GOAL < ratios: "median min-max k/n" (k: rounds meeting the goal).
 ratio_summary() {
