@@ -338,8 +338,9 @@ static double run_bw(bool sdp, uint16_t port, size_t size)
         double cu, cs, su, ss, gb = (double)bytes / 1e9;
         cpu_of(0, &cu, &cs);
         cpu_of(server_pid[sdp], &su, &ss);
-        fprintf(stderr, "# %zu %s: %.1f MB/s; CPU s per GB: sender user %.2f sys %.2f, receiver user %.2f sys %.2f\n",
-                size, sdp ? "sdp" : "tcp", (double)bytes / t / 1e6, (cu - cu0) / gb, (cs - cs0) / gb,
+        fprintf(stderr, "# %zu %s: %.1f MB/s, %llu bytes; CPU s per GB: sender user %.2f sys %.2f, receiver user %.2f "
+                        "sys %.2f\n",
+                size, sdp ? "sdp" : "tcp", (double)bytes / t / 1e6, (unsigned long long)bytes, (cu - cu0) / gb, (cs - cs0) / gb,
                 (su - su0) / gb, (ss - ss0) / gb);
     }
     if (c.sdp && getenv("SDP_BENCH_STATS")) {
