@@ -17,7 +17,7 @@ mkdir -p "$out" "$RS_BUILD/bench"
 prog=$RS_BUILD/bench/pingpong_pair
 # Built here, not by the Makefile's bench rule: that rule links librdmasock in, and this program must get it only
 # from the preload, as an unmodified application would.
-cc -O2 -Wall -o "$prog" "$RS_TOP/bench/pair/pingpong_pair.c" -lrdmacm -lm
+cc -O2 -Wall -I"$RS_TOP/src" -I"$RS_TOP/include" -o "$prog" "$RS_TOP/bench/pair/pingpong_pair.c" -lrdmacm -lm
 variants=()
 for arg in "$@"; do
     name=${arg%%=*} lib=${arg#*=}
@@ -43,14 +43,15 @@ cp "$run"/pair_*.txt "$out/" 2> /dev/null || true
     echo "rsocket in the same two processes; ratio = SDP / rsockets per pair of bursts (target <= 1.0). se: the"
     echo "standard error of the mean of the pairs' log ratios (the geometric mean is within about two of it)."
     echo
-    echo "| run | variant | SDP us | rsockets us | ratio (median of pairs) | geometric mean | se | SDP verified | exit |"
-    echo "|---|---|---|---|---|---|---|---|---|"
+    echo "| run | variant | SDP us | rsockets us | ratio (median of pairs) | geometric mean | se | SDP verified | exit | SDP's CQ hand-overs / progress wake-ups / sleeps |"
+    echo "|---|---|---|---|---|---|---|---|---|---|"
     awk '$3 == "exit" { ex[$1 " " $2] = $4; next }
          { v[$1 " " $2, $3] = $4; key[$1 " " $2] = 1; order[++n] = $1 " " $2 }
          END { for (i = 1; i <= n; i++) { k = order[i]; if (done[k]++) continue; split(k, a, " ")
-                   printf "| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", a[1], a[2], v[k, "sdp_median_us"],
+                   printf "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s / %s / %s |\n", a[1], a[2], v[k, "sdp_median_us"],
                        v[k, "rsockets_median_us"], v[k, "ratio_median"], v[k, "ratio_geomean"], v[k, "ratio_log_se"],
-                       v[k, "sdp_is_sdp"] == 1 ? "yes" : "NO", ex[k] } }' "$out/pair.txt"
+                       v[k, "sdp_is_sdp"] == 1 ? "yes" : "NO", ex[k], v[k, "sdp_cq_handovers"],
+                       v[k, "sdp_progress_cq_wakeups"], v[k, "sdp_app_sleeps"] } }' "$out/pair.txt"
     echo
     # Per variant over its runs: the mean of the runs' log geometric means, its standard error from theirs.
     awk '$3 == "ratio_geomean" { g[$2] += log($4); n[$2]++ } $3 == "ratio_log_se" { se2[$2] += $4 * $4 }
