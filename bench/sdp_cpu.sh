@@ -22,7 +22,7 @@ trap 'rm -rf "$run"' EXIT
 "$RS_TOP/tools/vm/vm" run --timeout 3000 --out "$run" "${env_args[@]}" -- "$RS_TOP/tools/vm/jobs/sdp_cpu.sh" >&2
 cp "$run/cpu.txt" "$out/cpu.txt"
 python3 - "$out/cpu.txt" > "$out/sdp-cpu.md" << 'EOF'
-import collections, math, statistics, sys
+import collections, statistics, sys
 
 runs = collections.defaultdict(dict)          # (round, size) -> variant -> fields
 for line in open(sys.argv[1]):
